@@ -1,0 +1,128 @@
+"""The factorized causal encoder and decoder (architecture doc, sections 1.3-1.4, 4 and 5)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..registry import TokenizerConfig
+from .blocks import (
+    FrameGroupNorm,
+    HybridDownsample,
+    HybridUpsample,
+    ResnetBlock,
+    attention_pair,
+    factorized_conv,
+    silu,
+)
+from .haar import Patcher3D, UnPatcher3D
+
+
+class _Level(nn.Module):
+    """One resolution level: ResNet blocks, an (always empty) ``attn`` list, then a resampler.
+
+    The official configs never reach their per-level attention resolution, so ``attn``
+    stays empty; it exists so module paths match the checkpoints.
+    """
+
+    def __init__(self, blocks: list[nn.Module], resample: nn.Module | None, resample_name: str) -> None:
+        super().__init__()
+        self.block = nn.ModuleList(blocks)
+        self.attn = nn.ModuleList()
+        if resample is not None:
+            self.add_module(resample_name, resample)
+        self._resample_name = resample_name if resample is not None else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        for block in self.block:
+            x = block(x)
+        if self._resample_name is not None:
+            x = getattr(self, self._resample_name)(x)
+        return x
+
+
+class _Mid(nn.Module):
+    def __init__(self, channels: int, dropout: float) -> None:
+        super().__init__()
+        self.block_1 = ResnetBlock(channels, channels, dropout)
+        self.attn_1 = attention_pair(channels)
+        self.block_2 = ResnetBlock(channels, channels, dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.block_2(self.attn_1(self.block_1(x)))
+
+
+class Encoder(nn.Module):
+    """Video ``[B, 3, T, H, W]`` -> ``[B, z_factor*z_channels, t, h, w]``."""
+
+    def __init__(self, cfg: TokenizerConfig) -> None:
+        super().__init__()
+        n_levels = len(cfg.channels_mult)
+        widths = [cfg.channels * m for m in cfg.channels_mult]
+        self.patcher3d = Patcher3D(cfg.patch_size)
+        self.conv_in = factorized_conv(cfg.in_channels * cfg.patch_size**3, cfg.channels)
+        levels = []
+        block_in = cfg.channels
+        for i, width in enumerate(widths):
+            blocks = []
+            for _ in range(cfg.num_res_blocks):
+                blocks.append(ResnetBlock(block_in, width, cfg.dropout))
+                block_in = width
+            down = None
+            if i < n_levels - 1:
+                down = HybridDownsample(width, spatial=i < cfg.num_spatial_down,
+                                        temporal=i < cfg.num_temporal_down)
+            levels.append(_Level(blocks, down, "downsample"))
+        self.down = nn.ModuleList(levels)
+        self.mid = _Mid(block_in, cfg.dropout)
+        self.norm_out = FrameGroupNorm(block_in)
+        self.conv_out = factorized_conv(block_in, cfg.z_factor * cfg.z_channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv_in(self.patcher3d(x))
+        for level in self.down:
+            h = level(h)
+        h = self.mid(h)
+        return self.conv_out(silu(self.norm_out(h)))
+
+
+def _decoder_upsample_flags(cfg: TokenizerConfig, level: int) -> tuple[bool, bool]:
+    """(spatial, temporal) flags of the upsampler after decoder ``level`` (doc 1.3)."""
+    n_s, n_t = cfg.num_spatial_down, cfg.num_temporal_down
+    r = len(cfg.channels_mult) - 1 - level  # position in run order
+    temporal = r < n_t if cfg.legacy_mode else 0 < r < n_t + 1
+    spatial = temporal or (r < n_s and n_s > n_t)
+    return spatial, temporal
+
+
+class Decoder(nn.Module):
+    """``[B, z_channels, t, h, w]`` -> video ``[B, 3, 1 + T_c*(t-1), H_c*h, W_c*w]``."""
+
+    def __init__(self, cfg: TokenizerConfig) -> None:
+        super().__init__()
+        n_levels = len(cfg.channels_mult)
+        widths = [cfg.channels * m for m in cfg.channels_mult]
+        self.unpatcher3d = UnPatcher3D(cfg.patch_size)
+        self.conv_in = factorized_conv(cfg.z_channels, widths[-1])
+        self.mid = _Mid(widths[-1], cfg.dropout)
+        levels = []
+        for i, width in enumerate(widths):  # stored in level order 0..N-1, run in reverse
+            block_in = widths[i + 1] if i < n_levels - 1 else widths[-1]
+            blocks = []
+            for _ in range(cfg.num_res_blocks + 1):
+                blocks.append(ResnetBlock(block_in, width, cfg.dropout))
+                block_in = width
+            up = None
+            if i > 0:
+                spatial, temporal = _decoder_upsample_flags(cfg, i)
+                up = HybridUpsample(width, spatial=spatial, temporal=temporal)
+            levels.append(_Level(blocks, up, "upsample"))
+        self.up = nn.ModuleList(levels)
+        self.norm_out = FrameGroupNorm(widths[0])
+        self.conv_out = factorized_conv(widths[0], cfg.out_channels * cfg.patch_size**3)
+
+    def forward(self, z: Tensor) -> Tensor:
+        h = self.mid(self.conv_in(z))
+        for level in reversed(self.up):
+            h = level(h)
+        h = self.conv_out(silu(self.norm_out(h)))
+        return self.unpatcher3d(h)
