@@ -1,0 +1,56 @@
+"""Shared recipe pieces: small pure functions returning ``run.Config``/``run.Partial``.
+
+No I/O and no environment reads here: anything that depends on the machine (GPUs,
+SLURM_NNODES) is resolved when the run starts, so a recipe renders the same anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import nemo_run as run
+
+from tokenizer_posttrain.config import (
+    DataConfig,
+    LogConfig,
+    ModelConfig,
+    OptimConfig,
+    ResumeConfig,
+    TrainerConfig,
+)
+from tokenizer_posttrain.train import train
+
+
+def model(name: str, jit_ckpt_pth: Optional[str] = None, channels: Optional[int] = None) -> run.Config[ModelConfig]:
+    return run.Config(ModelConfig, model=name, jit_ckpt_pth=jit_ckpt_pth, channels=channels)
+
+
+def data(frames: int = 33, size: int = 256, global_batch_size: int = 8, micro_batch_size: int = 1,
+         num_workers: int = 2) -> run.Config[DataConfig]:
+    return run.Config(DataConfig, frames=frames, height=size, width=size, global_batch_size=global_batch_size,
+                      micro_batch_size=micro_batch_size, num_workers=num_workers)
+
+
+def trainer(max_steps: int = -1, accelerator: str = "gpu", val_check_interval: int = 100,
+            checkpoint_every_n_steps: int = 100) -> run.Config[TrainerConfig]:
+    return run.Config(TrainerConfig, max_steps=max_steps, accelerator=accelerator,
+                      val_check_interval=val_check_interval, checkpoint_every_n_steps=checkpoint_every_n_steps)
+
+
+def posttrain_recipe(
+    model_cfg: run.Config[ModelConfig],
+    name: str,
+    data_cfg: Optional[run.Config[DataConfig]] = None,
+    trainer_cfg: Optional[run.Config[TrainerConfig]] = None,
+    log_dir: str = "outputs",
+) -> run.Partial:
+    """The full training task; every field stays overridable on the command line."""
+    return run.Partial(
+        train,
+        model=model_cfg,
+        data=data_cfg or data(),
+        trainer=trainer_cfg or trainer(),
+        optim=run.Config(OptimConfig),
+        resume=run.Config(ResumeConfig),
+        log=run.Config(LogConfig, log_dir=log_dir, name=name),
+    )

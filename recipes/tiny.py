@@ -1,0 +1,33 @@
+"""Tiny CPU recipes: the real architectures at width 16 on small synthetic clips.
+
+They run the whole pipeline (train, validate, checkpoint, resume, export) in minutes on
+a laptop CPU and serve the README's first command and the integration tests.
+"""
+
+import nemo_run as run
+
+from tokenizer_posttrain.train import train
+
+from .common import data, model, posttrain_recipe, trainer
+
+
+def _tiny(model_name: str, name: str, log_dir: str) -> run.Partial:
+    return posttrain_recipe(
+        model(model_name, channels=16),
+        name,
+        data_cfg=data(frames=17, size=64, global_batch_size=2, micro_batch_size=2, num_workers=0),
+        trainer_cfg=trainer(max_steps=60, accelerator="cpu", val_check_interval=20, checkpoint_every_n_steps=20),
+        log_dir=log_dir,
+    )
+
+
+@run.cli.factory(target=train)
+def tiny(name: str = "tiny_cv8x8x8", log_dir: str = "outputs") -> run.Partial:
+    """CV8x8x8 at width 16 on 17x64x64 synthetic clips, on the CPU."""
+    return _tiny("CV8x8x8", name, log_dir)
+
+
+@run.cli.factory(target=train)
+def tiny_dv(name: str = "tiny_dv8x16x16", log_dir: str = "outputs") -> run.Partial:
+    """DV8x16x16 at width 16 on 17x64x64 synthetic clips, on the CPU."""
+    return _tiny("DV8x16x16", name, log_dir)

@@ -1,0 +1,153 @@
+"""Typed configs of a training run: the components a recipe exposes for overrides.
+
+Each dataclass is one override group on the command line (``model.*``, ``data.*``,
+``trainer.*``, ``optim.*``, ``resume.*``, ``log.*``). Checks live in ``__post_init__``
+so a bad value fails before any work starts, with the key named.
+"""
+
+
+from dataclasses import dataclass
+from typing import Optional
+
+_PRECISIONS = ("bf16-mixed", "bf16-true", "32-true", "32", "16-mixed")
+
+
+def _require(ok: bool, key: str, value: object, what: str) -> None:
+    if not ok:
+        raise ValueError(f"invalid {key}={value!r}: {what}")
+
+
+@dataclass
+class ModelConfig:
+    """What to train."""
+
+    model: str = "Cosmos-1.0-Tokenizer-CV8x8x8"
+    """Model name: Cosmos-1.0-Tokenizer-{CV8x8x8,CV8x16x16,CV4x8x8,DV8x16x16,DV8x8x8,DV4x8x8}
+    (Cosmos-0.1- and the short names work too)."""
+    jit_ckpt_pth: Optional[str] = None
+    """Checkpoint folder (autoencoder.jit, or encoder.jit + decoder.jit) or file (.jit,
+    .safetensors, .ckpt). None trains from random weights (with a warning)."""
+    channels: Optional[int] = None
+    """Base width override; 16 gives the tiny models used on CPUs and in tests."""
+
+    def __post_init__(self) -> None:
+        from .registry import resolve_name
+
+        resolve_name(self.model)
+        _require(self.channels is None or self.channels > 0, "model.channels", self.channels,
+                 "must be a positive integer")
+
+
+@dataclass
+class DataConfig:
+    """Where clips come from and how they are batched."""
+
+    path: Optional[str] = None
+    """Energon dataset folder; None trains on synthetic moving patterns (no data needed)."""
+    global_batch_size: int = 8
+    """Clips per optimizer step over all GPUs; gradient accumulation makes up the rest."""
+    micro_batch_size: int = 1
+    """Clips per GPU per forward pass."""
+    num_workers: int = 2
+    """Data loader worker processes per GPU."""
+    frames: int = 33
+    """Frames per clip (1 + 8k for the 8x temporal models)."""
+    height: int = 256
+    width: int = 256
+    num_train_samples: int = 10_000
+    """Synthetic data only: clips per epoch."""
+    seed: int = 1234
+    """Synthetic data only: base seed of the clip generator."""
+
+    def __post_init__(self) -> None:
+        for key in ("global_batch_size", "micro_batch_size", "frames", "height", "width", "num_train_samples"):
+            value = getattr(self, key)
+            _require(value > 0, f"data.{key}", value, "must be positive")
+        _require(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
+
+
+@dataclass
+class TrainerConfig:
+    """Lightning Trainer settings (NeMo's defaults)."""
+
+    devices: str = "auto"
+    """GPUs (or CPU processes) per node: 'auto' or a number."""
+    num_nodes: Optional[int] = None
+    """Nodes; None reads SLURM_NNODES at launch (default 1)."""
+    accelerator: str = "gpu"
+    """'gpu' (falls back to 'cpu' with a warning when there is none) or 'cpu'."""
+    strategy: str = "ddp"
+    precision: str = "bf16-mixed"
+    """bf16-mixed keeps fp32 master weights under bf16 autocast; also bf16-true or 32-true."""
+    max_epochs: int = 10000
+    max_steps: int = -1
+    """Optimizer steps; -1 runs max_epochs."""
+    val_check_interval: int = 100
+    """Validate every N optimizer steps."""
+    limit_val_batches: int = 1
+    log_every_n_steps: int = 1
+    gradient_clip_val: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    checkpoint_every_n_steps: int = 100
+    """Write a checkpoint every N optimizer steps."""
+    checkpoint_keep: int = 3
+    """Step checkpoints kept, newest first (last.ckpt is kept in addition)."""
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        _require(self.devices == "auto" or (self.devices.isdigit() and int(self.devices) > 0),
+                 "trainer.devices", self.devices, "use 'auto' or a positive number")
+        _require(self.accelerator in ("gpu", "cpu", "cuda", "auto"), "trainer.accelerator",
+                 self.accelerator, "use 'gpu' or 'cpu'")
+        _require(self.precision in _PRECISIONS, "trainer.precision", self.precision,
+                 f"use one of {', '.join(_PRECISIONS)}")
+        _require(self.max_steps == -1 or self.max_steps > 0, "trainer.max_steps", self.max_steps,
+                 "must be positive or -1")
+        for key in ("max_epochs", "val_check_interval", "log_every_n_steps", "checkpoint_every_n_steps",
+                    "checkpoint_keep"):
+            value = getattr(self, key)
+            _require(value > 0, f"trainer.{key}", value, "must be positive")
+        _require(self.limit_val_batches >= 0, "trainer.limit_val_batches", self.limit_val_batches, "must be >= 0")
+        _require(self.gradient_clip_val >= 0, "trainer.gradient_clip_val", self.gradient_clip_val, "must be >= 0")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with the Cosmos post-training defaults."""
+
+    lr: float = 1e-4
+    adam_beta1: float = 0.5
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.01
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optim.lr", self.lr, "must be positive")
+        for key in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, key)
+            _require(0 <= value < 1, f"optim.{key}", value, "must be in [0, 1)")
+        _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+
+
+@dataclass
+class ResumeConfig:
+    """AutoResume: continue from the run folder's last checkpoint."""
+
+    resume_if_exists: bool = True
+    """Resume from <run>/checkpoints/last.ckpt when it exists."""
+    resume_past_end: bool = True
+    """Allow resuming a run that already reached trainer.max_steps (it then ends at once);
+    False makes that an error."""
+    resume_from_path: Optional[str] = None
+    """Resume from this Lightning checkpoint instead."""
+
+
+@dataclass
+class LogConfig:
+    """Where a run writes checkpoints, logs and its export."""
+
+    log_dir: str = "outputs"
+    name: str = "cosmos_tokenizer"
+    """Run name: the run folder is <log_dir>/<name>."""
+    export_on_end: bool = True
+    """Export encoder.jit/decoder.jit/autoencoder.jit to <run>/export when training ends."""

@@ -1,0 +1,1 @@
+"""Data: batches reach the LightningModule as plain dicts keyed by :mod:`.batch`."""

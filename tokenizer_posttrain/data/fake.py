@@ -1,0 +1,81 @@
+"""Synthetic video clips: moving coloured gratings and blobs, deterministic per seed.
+
+Built on the CPU in the loader workers (NeMo's fake data makes CUDA tensors in workers,
+which breaks with worker processes). The clips move, so a falling loss means something.
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .batch import LOSS_MASK, VIDEO
+
+
+def synthetic_clip(frames: int, height: int, width: int, seed: int) -> torch.Tensor:
+    """One clip ``[3, frames, height, width]`` in [-1, 1] (fp32), a pure function of its args."""
+    gen = torch.Generator().manual_seed(seed)
+    t = torch.arange(frames, dtype=torch.float32).view(frames, 1, 1)
+    y = torch.linspace(0, 1, height).view(1, height, 1)
+    x = torch.linspace(0, 1, width).view(1, 1, width)
+    clip = torch.zeros(3, frames, height, width)
+    for _ in range(3):  # drifting sinusoidal gratings, a colour each
+        fx, fy = (torch.rand(2, generator=gen) * 6 + 1).tolist()
+        vx, vy = ((torch.rand(2, generator=gen) - 0.5) * 0.1).tolist()
+        phase = float(torch.rand(1, generator=gen)) * 2 * math.pi
+        colour = (torch.rand(3, generator=gen) * 2 - 1).view(3, 1, 1, 1)
+        wave = torch.sin(2 * math.pi * (fx * (x - vx * t) + fy * (y - vy * t)) + phase)
+        clip += 0.3 * colour * wave
+    for _ in range(2):  # blobs moving along straight lines
+        cx, cy, vx, vy = (torch.rand(4, generator=gen) * torch.tensor([1, 1, 0.04, 0.04])
+                          - torch.tensor([0, 0, 0.02, 0.02])).tolist()
+        radius = 0.08 + 0.1 * float(torch.rand(1, generator=gen))
+        colour = (torch.rand(3, generator=gen) * 2 - 1).view(3, 1, 1, 1)
+        d2 = (x - cx - vx * t) ** 2 + (y - cy - vy * t) ** 2
+        clip += 0.6 * colour * torch.exp(-d2 / (2 * radius**2))
+    return clip.clamp(-1, 1)
+
+
+class SyntheticVideoDataset(Dataset):
+    """``num_samples`` clips; clip ``i`` depends only on ``(seed, i)``."""
+
+    def __init__(self, num_samples: int, frames: int, height: int, width: int, seed: int = 0,
+                 dtype: torch.dtype = torch.bfloat16) -> None:
+        self.num_samples, self.frames, self.height, self.width = num_samples, frames, height, width
+        self.seed, self.dtype = seed, dtype
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        clip = synthetic_clip(self.frames, self.height, self.width, self.seed * 1_000_003 + index)
+        mask = torch.ones(1, self.frames, self.height, self.width, dtype=self.dtype)
+        return {VIDEO: clip.to(self.dtype), LOSS_MASK: mask}
+
+
+class SyntheticVideoDataModule(pl.LightningDataModule):
+    """Train and validation loaders over :class:`SyntheticVideoDataset`."""
+
+    def __init__(self, frames: int = 33, height: int = 256, width: int = 256, micro_batch_size: int = 1,
+                 num_workers: int = 2, num_train_samples: int = 10_000, num_val_samples: int = 64,
+                 seed: int = 1234) -> None:
+        super().__init__()
+        shape = dict(frames=frames, height=height, width=width)
+        self.train_set = SyntheticVideoDataset(num_train_samples, seed=seed, **shape)
+        self.val_set = SyntheticVideoDataset(num_val_samples, seed=seed + 1, **shape)
+        self.micro_batch_size = micro_batch_size
+        self.num_workers = num_workers
+
+    def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
+        return DataLoader(dataset, batch_size=self.micro_batch_size, shuffle=shuffle,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                          drop_last=shuffle)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, shuffle=False)

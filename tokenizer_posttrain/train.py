@@ -1,0 +1,168 @@
+"""The training entry: build the pieces from typed configs, check them, fit, export."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from .callbacks import AtomicCheckpointIO, PreemptionCheckpoint, checkpoint_callback
+from .config import DataConfig, LogConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
+from .data.fake import SyntheticVideoDataModule
+from .model import TokenizerModel
+from .registry import get_config
+
+LAST_CKPT = "last.ckpt"
+
+
+@dataclass
+class Parallelism:
+    accelerator: str
+    devices: int
+    num_nodes: int
+    accumulate_grad_batches: int
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+
+def resolve_parallelism(trainer: TrainerConfig, data: DataConfig) -> Parallelism:
+    """Accelerator, devices, nodes and gradient accumulation, checked before any work starts."""
+    accelerator = "gpu" if trainer.accelerator in ("gpu", "cuda") else trainer.accelerator
+    if accelerator == "auto":
+        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    if accelerator == "gpu" and not torch.cuda.is_available():
+        warnings.warn("trainer.accelerator=gpu but no CUDA GPU is visible: training on the CPU "
+                      "(slow; set trainer.accelerator=cpu to silence this).", stacklevel=2)
+        accelerator = "cpu"
+    num_nodes = trainer.num_nodes if trainer.num_nodes is not None else int(os.environ.get("SLURM_NNODES", "1"))
+    if "LOCAL_WORLD_SIZE" in os.environ:  # launched by torchrun: one process per device
+        devices = int(os.environ["LOCAL_WORLD_SIZE"])
+        if trainer.devices != "auto" and int(trainer.devices) != devices:
+            raise ValueError(f"trainer.devices={trainer.devices} but torchrun started {devices} processes "
+                             "per node; make --nproc-per-node and trainer.devices agree")
+    elif trainer.devices != "auto":
+        devices = int(trainer.devices)
+    else:
+        devices = torch.cuda.device_count() if accelerator == "gpu" else 1
+    per_step = data.micro_batch_size * devices * num_nodes
+    if data.global_batch_size % per_step:
+        raise ValueError(
+            f"data.global_batch_size={data.global_batch_size} is not a multiple of data.micro_batch_size "
+            f"({data.micro_batch_size}) x data-parallel size ({devices * num_nodes}) = {per_step}; "
+            f"use a global batch of {max(per_step, data.global_batch_size // per_step * per_step)} "
+            "or change the micro batch"
+        )
+    return Parallelism(accelerator, devices, num_nodes, data.global_batch_size // per_step)
+
+
+def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
+    """Fail before launch when the clip shape cannot go through the tokenizer."""
+    cfg = get_config(model.model)
+    tc, sc = cfg.temporal_compression, cfg.spatial_compression
+    if (data.frames - 1) % tc:
+        lo = 1 + (data.frames - 1) // tc * tc
+        raise ValueError(f"data.frames={data.frames} does not fit {cfg.name}: clips need 1+{tc}k frames "
+                         f"(e.g. {lo} or {lo + tc})")
+    for key, value in (("data.height", data.height), ("data.width", data.width)):
+        if value % sc:
+            raise ValueError(f"{key}={value} is not a multiple of {sc}, the spatial compression of {cfg.name}")
+
+
+def build_datamodule(data: DataConfig) -> pl.LightningDataModule:
+    if data.path is not None:
+        raise NotImplementedError(
+            f"data.path={data.path!r}: training on energon video datasets is not available in this "
+            "version yet; leave data.path unset to train on synthetic clips."
+        )
+    return SyntheticVideoDataModule(
+        frames=data.frames, height=data.height, width=data.width, micro_batch_size=data.micro_batch_size,
+        num_workers=data.num_workers, num_train_samples=data.num_train_samples, seed=data.seed,
+    )
+
+
+def find_resume_checkpoint(ckpt_dir: Path, resume: ResumeConfig) -> str | None:
+    if resume.resume_from_path:
+        path = Path(resume.resume_from_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"resume.resume_from_path={path} does not exist")
+        return str(path)
+    last = ckpt_dir / LAST_CKPT
+    if resume.resume_if_exists and last.is_file():
+        return str(last)
+    return None
+
+
+def _checkpoint_step(path: str) -> int:
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return int(ckpt.get("global_step", 0))
+
+
+def train(
+    model: ModelConfig,
+    data: DataConfig,
+    trainer: TrainerConfig,
+    optim: OptimConfig,
+    resume: ResumeConfig,
+    log: LogConfig,
+) -> Path:
+    """Post-train a Cosmos tokenizer; returns the run folder (checkpoints/, csv/, export/)."""
+    check_clip_shape(model, data)
+    par = resolve_parallelism(trainer, data)
+    run_dir = Path(log.log_dir) / log.name
+    ckpt_dir = run_dir / "checkpoints"
+    ckpt_path = find_resume_checkpoint(ckpt_dir, resume)
+    if ckpt_path and trainer.max_steps > 0:
+        done = _checkpoint_step(ckpt_path)
+        if done >= trainer.max_steps and not resume.resume_past_end:
+            raise ValueError(f"{ckpt_path} already reached step {done} >= trainer.max_steps="
+                             f"{trainer.max_steps}; raise trainer.max_steps or set resume.resume_past_end=true")
+
+    pl.seed_everything(trainer.seed, workers=True, verbose=False)
+    module = TokenizerModel(model, optim)
+    datamodule = build_datamodule(data)
+    loggers: list = [pl.loggers.CSVLogger(save_dir=str(run_dir), name="csv")]
+    if os.environ.get("WANDB_API_KEY"):
+        loggers.append(pl.loggers.WandbLogger(
+            project=os.environ.get("WANDB_PROJECT_NAME", "tokenizer-posttrain"), name=log.name,
+            id=os.environ.get("WANDB_RUN_ID"), resume="allow", save_dir=str(run_dir)))
+
+    lightning_trainer = pl.Trainer(
+        accelerator=par.accelerator,
+        devices=par.devices,
+        num_nodes=par.num_nodes,
+        strategy=trainer.strategy if par.world_size > 1 else "auto",
+        precision=trainer.precision,
+        max_epochs=trainer.max_epochs,
+        max_steps=trainer.max_steps,
+        # Both count optimizer steps on the command line; Lightning counts micro-batches.
+        val_check_interval=trainer.val_check_interval * par.accumulate_grad_batches,
+        check_val_every_n_epoch=None,
+        limit_val_batches=trainer.limit_val_batches,
+        log_every_n_steps=trainer.log_every_n_steps,
+        accumulate_grad_batches=par.accumulate_grad_batches,
+        gradient_clip_val=trainer.gradient_clip_val or None,
+        callbacks=[checkpoint_callback(ckpt_dir, trainer.checkpoint_every_n_steps, trainer.checkpoint_keep),
+                   PreemptionCheckpoint(ckpt_dir / LAST_CKPT)],
+        plugins=[AtomicCheckpointIO()],
+        logger=loggers,
+        default_root_dir=str(run_dir),
+        enable_model_summary=False,
+    )
+    if ckpt_path:
+        print(f"Resuming from {ckpt_path}", flush=True)
+    lightning_trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+
+    if lightning_trainer.is_global_zero:
+        print(f"Checkpoints: {ckpt_dir}", flush=True)
+        if log.export_on_end:
+            from .export import export_tokenizer
+
+            out = export_tokenizer(module.network, run_dir / "export")
+            print(f"Exported encoder.jit, decoder.jit, autoencoder.jit to {out}", flush=True)
+    return run_dir
