@@ -43,16 +43,16 @@ def export_tokenizer(
     """Write ``encoder.jit``, ``decoder.jit``, ``autoencoder.jit``, ``model.safetensors`` and
     ``config.json`` for ``network`` into ``out_dir``; returns ``out_dir``.
 
-    The network is copied to the CPU in eval mode and traced in fp32; the traced modules
-    are then cast to ``dtype`` (the official files are bf16; fp32 keeps every bit).
+    The network is copied to the CPU in eval mode, cast to ``dtype`` and traced (the
+    official files are bf16; fp32, the default, keeps every bit of the trained weights).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    net = copy.deepcopy(network).to("cpu", torch.float32).eval()
+    net = copy.deepcopy(network).to("cpu", dtype).eval()
     cfg = net.config
     frames = 1 + cfg.temporal_compression
     size = 2 * cfg.spatial_compression
-    video = torch.zeros(1, cfg.in_channels, frames, size, size)
+    video = torch.zeros(1, cfg.in_channels, frames, size, size, dtype=dtype)
     with torch.no_grad():
         encoded = net._encode(video)
     latent_example = encoded[0]  # DV: indices, which is what decoder.jit takes
@@ -63,13 +63,12 @@ def export_tokenizer(
             (JIT_DECODER, DecoderLayout(net), latent_example),
             (JIT_AUTOENCODER, AutoencoderLayout(net), video),
         ):
-            traced = _trace(layout, example).to(dtype)
+            traced = _trace(layout, example)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 _atomic_write(out / name, traced.save)
 
-    state = {k: v.detach().to(dtype if v.is_floating_point() else v.dtype).contiguous()
-             for k, v in net.state_dict().items()}
+    state = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
     _atomic_write(out / SAFETENSORS, lambda p: save_file(state, p, metadata={"model": cfg.full_name}))
     meta = {"model": cfg.full_name, "dtype": str(dtype).removeprefix("torch."), CONFIG_KEY: cfg.to_dict()}
     _atomic_write(out / CONFIG_JSON, lambda p: Path(p).write_text(json.dumps(meta, indent=2) + "\n"))

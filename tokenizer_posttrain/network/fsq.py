@@ -46,7 +46,9 @@ class FSQuantizer(nn.Module):
         view = (1, -1, 1, 1, 1)
 
         bounded = torch.tanh(z.float() + shift.view(view)) * half_l.view(view) - offset.view(view)
-        rounded = bounded + (torch.round(bounded) - bounded).detach()  # straight-through
+        # Straight-through: the value is exactly round(b) (so codes equal those decoded from
+        # the indices), the gradient is that of b.
+        rounded = torch.round(bounded) + (bounded - bounded.detach())
         codes = rounded / half_width.view(view)
         digits = codes * half_width.view(view) + half_width.view(view)
         indices = (digits * self._basis.view(view)).sum(dim=1).to(torch.int32)
@@ -56,4 +58,5 @@ class FSQuantizer(nn.Module):
     def indices_to_codes(self, indices: torch.Tensor) -> torch.Tensor:
         """``[B, t, h, w]`` integer indices -> fp32 codes ``[B, D, t, h, w]``."""
         digits = self._index_digits(indices.long(), self._levels, self._basis)
-        return self._digits_to_codes(digits, self._levels).movedim(-1, 1)
+        # contiguous: the same memory layout as the encoder's codes gives bit-identical decodes
+        return self._digits_to_codes(digits, self._levels).movedim(-1, 1).contiguous()

@@ -1,0 +1,68 @@
+"""Shared fixtures: the reference vectors shipped in tests/data, tiny networks, CLI runs."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tokenizer_posttrain.checkpoint import load_tokenizer
+from tokenizer_posttrain.network import CausalVideoTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
+TINY = {"CV8x8x8": 16, "DV8x16x16": 16}
+
+
+def reference_weights(name: str) -> Path:
+    return REFERENCE / f"{name}_tiny_weights.safetensors"
+
+
+def reference_io(name: str) -> dict[str, torch.Tensor]:
+    return load_file(str(REFERENCE / f"{name}_tiny_io.safetensors"))
+
+
+@pytest.fixture(params=["CV8x8x8", "DV8x16x16"])
+def model_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def tiny_network(model_name: str) -> CausalVideoTokenizer:
+    """The reference tiny model (width 16) with the reference weights, in eval mode."""
+    return load_tokenizer(reference_weights(model_name), channels=TINY[model_name]).eval()
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess:
+    """Run ``train_tokenizer.py`` in a fresh process, as a user would."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, str(ROOT / "train_tokenizer.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, str]]:
+    """All rows of every CSV log version of a run, oldest first."""
+    rows: list[dict[str, str]] = []
+    for version in sorted((run_dir / "csv").glob("version_*"), key=lambda p: int(p.name.split("_")[1])):
+        with open(version / "metrics.csv") as f:
+            rows.extend(csv.DictReader(f))
+    return rows
+
+
+@pytest.fixture(scope="session")
+def exported_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each tiny reference model exported once, in bf16 like the official release files."""
+    from tokenizer_posttrain.export import export_tokenizer
+
+    out = {}
+    for name, width in TINY.items():
+        net = load_tokenizer(reference_weights(name), channels=width)
+        out[name] = export_tokenizer(net, tmp_path_factory.mktemp(f"export_{name}"), dtype=torch.bfloat16)
+    return out
