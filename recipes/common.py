@@ -25,16 +25,30 @@ def model(name: str, jit_ckpt_pth: Optional[str] = None, channels: Optional[int]
     return run.Config(ModelConfig, model=name, jit_ckpt_pth=jit_ckpt_pth, channels=channels)
 
 
-def data(frames: int = 33, size: int = 256, global_batch_size: int = 8, micro_batch_size: int = 1,
-         num_workers: int = 2) -> run.Config[DataConfig]:
-    return run.Config(DataConfig, frames=frames, height=size, width=size, global_batch_size=global_batch_size,
-                      micro_batch_size=micro_batch_size, num_workers=num_workers)
+def data(
+    frames: int = 33, size: int = 256, global_batch_size: int = 8, micro_batch_size: int = 1, num_workers: int = 2
+) -> run.Config[DataConfig]:
+    return run.Config(
+        DataConfig,
+        frames=frames,
+        height=size,
+        width=size,
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        num_workers=num_workers,
+    )
 
 
-def trainer(max_steps: int = -1, accelerator: str = "gpu", val_check_interval: int = 100,
-            checkpoint_every_n_steps: int = 100) -> run.Config[TrainerConfig]:
-    return run.Config(TrainerConfig, max_steps=max_steps, accelerator=accelerator,
-                      val_check_interval=val_check_interval, checkpoint_every_n_steps=checkpoint_every_n_steps)
+def trainer(
+    max_steps: int = -1, accelerator: str = "gpu", val_check_interval: int = 100, checkpoint_every_n_steps: int = 100
+) -> run.Config[TrainerConfig]:
+    return run.Config(
+        TrainerConfig,
+        max_steps=max_steps,
+        accelerator=accelerator,
+        val_check_interval=val_check_interval,
+        checkpoint_every_n_steps=checkpoint_every_n_steps,
+    )
 
 
 def posttrain_recipe(

@@ -39,12 +39,19 @@ def tiny_network(model_name: str) -> CausalVideoTokenizer:
     return load_tokenizer(reference_weights(model_name), channels=TINY[model_name]).eval()
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
-            ) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run ``train_tokenizer.py`` in a fresh process, as a user would."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, str(ROOT / "train_tokenizer.py"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=full_env)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train_tokenizer.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, str]]:

@@ -22,8 +22,9 @@ def test_model_is_inferred_from_the_layout(name: str) -> None:
     assert net.config.name == name and net.config.channels == 16
 
 
-def test_jit_folder_loads_as_fp32_master_weights(exported_dirs: dict[str, Path], model_name: str,
-                                                 tmp_path: Path) -> None:
+def test_jit_folder_loads_as_fp32_master_weights(
+    exported_dirs: dict[str, Path], model_name: str, tmp_path: Path
+) -> None:
     folder = exported_dirs[model_name]
     whole = load_tokenizer(folder / "autoencoder.jit")
     assert all(p.dtype == torch.float32 for p in whole.parameters())  # the files are bf16

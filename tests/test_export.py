@@ -29,13 +29,21 @@ torch.save(result, out)
 def test_export_runs_in_a_clean_process_with_equal_outputs(model_name: str, tmp_path: Path) -> None:
     net = load_tokenizer(reference_weights(model_name), channels=16).eval()
     folder = export_tokenizer(net, tmp_path / "export")
-    assert {p.name for p in folder.iterdir()} == {"encoder.jit", "decoder.jit", "autoencoder.jit",
-                                                    "model.safetensors", "config.json"}
+    assert {p.name for p in folder.iterdir()} == {
+        "encoder.jit",
+        "decoder.jit",
+        "autoencoder.jit",
+        "model.safetensors",
+        "config.json",
+    }
     # a clip of another length and size than the trace example: nothing is baked in
     x = torch.rand(2, 3, 25, 48, 96 if net.is_discrete else 56) * 2 - 1
     torch.save(x, tmp_path / "x.pt")
-    subprocess.run([sys.executable, "-I", "-c", _CLEAN_PROCESS, str(folder), str(tmp_path / "x.pt"),
-                    str(tmp_path / "out.pt")], check=True, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, "-I", "-c", _CLEAN_PROCESS, str(folder), str(tmp_path / "x.pt"), str(tmp_path / "out.pt")],
+        check=True,
+        cwd=tmp_path,
+    )
     got = torch.load(tmp_path / "out.pt")
     with torch.no_grad():
         rec = net(x)

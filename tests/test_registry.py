@@ -5,9 +5,14 @@ from tokenizer_posttrain import REGISTRY, build_tokenizer, get_config, known_nam
 
 # Parameter counts of the released models (architecture doc, section 1.2).
 PARAMETERS = {
-    "CV4x8x8": 73_192_128, "CV8x8x8": 105_653_696, "CV8x16x16": 110_898_624,
-    "DV4x8x8": 104_669_558, "DV8x8x8": 105_653_366, "DV8x16x16": 110_898_294,
-    "CV4x8x8-LowRes": 110_208_816, "DV4x8x8-LowRes": 112_619_766,
+    "CV4x8x8": 73_192_128,
+    "CV8x8x8": 105_653_696,
+    "CV8x16x16": 110_898_624,
+    "DV4x8x8": 104_669_558,
+    "DV8x8x8": 105_653_366,
+    "DV8x16x16": 110_898_294,
+    "CV4x8x8-LowRes": 110_208_816,
+    "DV4x8x8-LowRes": 112_619_766,
 }
 
 
@@ -22,8 +27,15 @@ def test_registry_lists_exactly_the_published_models() -> None:
     assert set(REGISTRY) == set(PARAMETERS)
 
 
-@pytest.mark.parametrize("spelling", ["Cosmos-1.0-Tokenizer-DV8x16x16", "Cosmos-0.1-Tokenizer-DV8x16x16",
-                                      "DV8x16x16", "nvidia/Cosmos-1.0-Tokenizer-DV8x16x16"])
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "Cosmos-1.0-Tokenizer-DV8x16x16",
+        "Cosmos-0.1-Tokenizer-DV8x16x16",
+        "DV8x16x16",
+        "nvidia/Cosmos-1.0-Tokenizer-DV8x16x16",
+    ],
+)
 def test_name_spellings_resolve(spelling: str) -> None:
     assert resolve_name(spelling) == "DV8x16x16"
 

@@ -3,5 +3,12 @@
 from .network import CausalVideoTokenizer, build_tokenizer
 from .registry import REGISTRY, TokenizerConfig, get_config, known_names, resolve_name
 
-__all__ = ["REGISTRY", "CausalVideoTokenizer", "TokenizerConfig", "build_tokenizer", "get_config",
-           "known_names", "resolve_name"]
+__all__ = [
+    "REGISTRY",
+    "CausalVideoTokenizer",
+    "TokenizerConfig",
+    "build_tokenizer",
+    "get_config",
+    "known_names",
+    "resolve_name",
+]

@@ -27,10 +27,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 def checkpoint_callback(ckpt_dir: Path, every_n_steps: int, keep: int) -> ModelCheckpoint:
     """``step=N.ckpt`` every ``every_n_steps`` keeping the newest ``keep``, plus ``last.ckpt``."""
     return ModelCheckpoint(
-        dirpath=str(ckpt_dir), filename="{step}", every_n_train_steps=every_n_steps,
+        dirpath=str(ckpt_dir),
+        filename="{step}",
+        every_n_train_steps=every_n_steps,
         # Monitoring the step keeps the newest k (Lightning needs a monitor for top-k > 1).
-        monitor="step", mode="max", save_top_k=keep, save_last=True,
-        enable_version_counter=False, auto_insert_metric_name=True,
+        monitor="step",
+        mode="max",
+        save_top_k=keep,
+        save_last=True,
+        enable_version_counter=False,
+        auto_insert_metric_name=True,
     )
 
 
@@ -45,5 +51,35 @@ class PreemptionCheckpoint(pl.Callback):
         if isinstance(exception, SIGTERMException):
             trainer.save_checkpoint(str(self.path))
             if trainer.is_global_zero:
-                print(f"Preempted at step {trainer.global_step}: saved {self.path}; "
-                      "run the same command again to resume.", flush=True)
+                print(
+                    f"Preempted at step {trainer.global_step}: saved {self.path}; "
+                    "run the same command again to resume.",
+                    flush=True,
+                )
+
+
+class LossSummary(pl.Callback):
+    """Prints how the training loss moved over this run (first vs last steps) when it ends."""
+
+    def __init__(self, window: int = 5) -> None:
+        self.window = window
+        self.losses: list = []
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None:
+            self.losses.append(loss.detach().clone())  # no .item(): no GPU sync per step
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero or len(self.losses) < 2:
+            return
+        values = [float(v) for v in self.losses]
+        n = min(self.window, len(values) // 2)
+        first, last = sum(values[:n]) / n, sum(values[-n:]) / n
+        print(
+            f"train/loss over this run: {first:.4f} (mean of first {n} steps) -> {last:.4f} "
+            f"(mean of last {n}); {trainer.global_step} steps done",
+            flush=True,
+        )

@@ -75,15 +75,17 @@ def _read_lightning(path: Path) -> _Weights:
     try:
         ckpt = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001
-        raise CheckpointError(f"cannot read {path}: {str(err).splitlines()[0]}. "
-                              "The file looks truncated or is not a torch checkpoint.") from err
+        raise CheckpointError(
+            f"cannot read {path}: {str(err).splitlines()[0]}. The file looks truncated or is not a torch checkpoint."
+        ) from err
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"{path} is not a Lightning checkpoint (no 'state_dict' entry)")
-    state = {k[len(LIGHTNING_PREFIX):]: v for k, v in ckpt["state_dict"].items()
-             if k.startswith(LIGHTNING_PREFIX)}
+    state = {k[len(LIGHTNING_PREFIX) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(LIGHTNING_PREFIX)}
     if not state:
-        raise CheckpointError(f"{path} holds no tokenizer weights (no keys starting with "
-                              f"{LIGHTNING_PREFIX!r}); was it written by tokenizer-posttrain?")
+        raise CheckpointError(
+            f"{path} holds no tokenizer weights (no keys starting with "
+            f"{LIGHTNING_PREFIX!r}); was it written by tokenizer-posttrain?"
+        )
     return _Weights(state, str(path), _config_from_dict(ckpt.get(CONFIG_KEY), path))
 
 
@@ -100,8 +102,7 @@ def read_weights(path: str | Path) -> _Weights:
     """Read tokenizer weights, normalised to autoencoder-layout keys, from a file or folder."""
     path = Path(path).expanduser()
     if path.is_dir():
-        found = {n for n in (JIT_AUTOENCODER, JIT_ENCODER, JIT_DECODER, SAFETENSORS)
-                 if (path / n).is_file()}
+        found = {n for n in (JIT_AUTOENCODER, JIT_ENCODER, JIT_DECODER, SAFETENSORS) if (path / n).is_file()}
         if JIT_AUTOENCODER in found:
             return _Weights(_read_jit(path / JIT_AUTOENCODER), str(path / JIT_AUTOENCODER))
         if {JIT_ENCODER, JIT_DECODER} <= found:
@@ -138,6 +139,7 @@ def read_weights(path: str | Path) -> _Weights:
 
 # -- identifying which model a state_dict belongs to ---------------------------------------
 
+
 def expected_shapes(config: TokenizerConfig) -> dict[str, tuple[int, ...]]:
     """Key -> shape of the autoencoder layout of ``config`` (built on the meta device)."""
     with torch.device("meta"):
@@ -157,8 +159,11 @@ class LayoutDiff:
 
     def describe(self, limit: int = 5) -> str:
         parts = []
-        for label, items in (("missing keys", self.missing), ("unexpected keys", self.unexpected),
-                             ("wrong shapes", self.wrong_shape)):
+        for label, items in (
+            ("missing keys", self.missing),
+            ("unexpected keys", self.unexpected),
+            ("wrong shapes", self.wrong_shape),
+        ):
             if items:
                 shown = ", ".join(items[:limit]) + (f", ... ({len(items)} in all)" if len(items) > limit else "")
                 parts.append(f"{label}: {shown}")
@@ -170,8 +175,7 @@ def diff_layout(state: dict[str, Tensor], expected: dict[str, tuple[int, ...]]) 
     return LayoutDiff(
         missing=sorted(set(expected) - set(got)),
         unexpected=sorted(set(got) - set(expected)),
-        wrong_shape=[f"{k} {got[k]} (expected {expected[k]})"
-                     for k in expected if k in got and got[k] != expected[k]],
+        wrong_shape=[f"{k} {got[k]} (expected {expected[k]})" for k in expected if k in got and got[k] != expected[k]],
     )
 
 
@@ -221,8 +225,7 @@ def resolve_config(weights: _Weights, name: str | None, overrides: dict[str, Any
     diff = diff_layout(weights.state, expected_shapes(config))
     if diff.size:
         hint = f"this is a {looks_like} checkpoint, you asked for {_describe(config)}. " if looks_like else ""
-        raise CheckpointError(f"{weights.source}: {hint}The weights do not fit {_describe(config)}: "
-                              f"{diff.describe()}")
+        raise CheckpointError(f"{weights.source}: {hint}The weights do not fit {_describe(config)}: {diff.describe()}")
     return config
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import sys
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from .checkpoint import CheckpointError
 
@@ -23,8 +23,10 @@ def cli_error_message(err: Exception) -> str:
     """A one-line message for a NeMo-Run override error (its own nests three levels deep)."""
     context = getattr(err, "context", {}) or {}
     if "key" in context:
-        return (f"cannot apply override {context['key']}={context.get('value')}: no such setting "
-                "(see the override table in README.md, or run with --help)")
+        return (
+            f"cannot apply override {context['key']}={context.get('value')}: no such setting "
+            "(see the override table in README.md, or run with --help)"
+        )
     override = str(context.get("expected_type", ""))
     found = re.search(r"Failed to parse '([^']*)' as <class '(\w+)'>", str(getattr(err, "arg", err)))
     if "=" in override and found:

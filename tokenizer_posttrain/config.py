@@ -5,7 +5,6 @@ Each dataclass is one override group on the command line (``model.*``, ``data.*`
 so a bad value fails before any work starts, with the key named.
 """
 
-
 from dataclasses import dataclass
 from typing import Optional
 
@@ -34,8 +33,9 @@ class ModelConfig:
         from .registry import resolve_name
 
         resolve_name(self.model)
-        _require(self.channels is None or self.channels > 0, "model.channels", self.channels,
-                 "must be a positive integer")
+        _require(
+            self.channels is None or self.channels > 0, "model.channels", self.channels, "must be a positive integer"
+        )
 
 
 @dataclass
@@ -95,16 +95,31 @@ class TrainerConfig:
     seed: int = 1234
 
     def __post_init__(self) -> None:
-        _require(self.devices == "auto" or (self.devices.isdigit() and int(self.devices) > 0),
-                 "trainer.devices", self.devices, "use 'auto' or a positive number")
-        _require(self.accelerator in ("gpu", "cpu", "cuda", "auto"), "trainer.accelerator",
-                 self.accelerator, "use 'gpu' or 'cpu'")
-        _require(self.precision in _PRECISIONS, "trainer.precision", self.precision,
-                 f"use one of {', '.join(_PRECISIONS)}")
-        _require(self.max_steps == -1 or self.max_steps > 0, "trainer.max_steps", self.max_steps,
-                 "must be positive or -1")
-        for key in ("max_epochs", "val_check_interval", "log_every_n_steps", "checkpoint_every_n_steps",
-                    "checkpoint_keep"):
+        _require(
+            self.devices == "auto" or (self.devices.isdigit() and int(self.devices) > 0),
+            "trainer.devices",
+            self.devices,
+            "use 'auto' or a positive number",
+        )
+        _require(
+            self.accelerator in ("gpu", "cpu", "cuda", "auto"),
+            "trainer.accelerator",
+            self.accelerator,
+            "use 'gpu' or 'cpu'",
+        )
+        _require(
+            self.precision in _PRECISIONS, "trainer.precision", self.precision, f"use one of {', '.join(_PRECISIONS)}"
+        )
+        _require(
+            self.max_steps == -1 or self.max_steps > 0, "trainer.max_steps", self.max_steps, "must be positive or -1"
+        )
+        for key in (
+            "max_epochs",
+            "val_check_interval",
+            "log_every_n_steps",
+            "checkpoint_every_n_steps",
+            "checkpoint_keep",
+        ):
             value = getattr(self, key)
             _require(value > 0, f"trainer.{key}", value, "must be positive")
         _require(self.limit_val_batches >= 0, "trainer.limit_val_batches", self.limit_val_batches, "must be >= 0")

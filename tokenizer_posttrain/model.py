@@ -28,8 +28,9 @@ def video_psnr(reconstruction: Tensor, target: Tensor) -> Tensor:
     """PSNR in dB of [-1, 1] videos mapped to [0, 1], per clip, then averaged."""
     rec = ((reconstruction.float() + 1) / 2).clamp(0, 1)
     ref = ((target.float() + 1) / 2).clamp(0, 1)
-    return peak_signal_noise_ratio(rec, ref, data_range=1.0, reduction="elementwise_mean",
-                                   dim=tuple(range(1, ref.dim())))
+    return peak_signal_noise_ratio(
+        rec, ref, data_range=1.0, reduction="elementwise_mean", dim=tuple(range(1, ref.dim()))
+    )
 
 
 class TokenizerModel(pl.LightningModule):
@@ -47,8 +48,11 @@ class TokenizerModel(pl.LightningModule):
     def _build_network(cfg: ModelConfig) -> CausalVideoTokenizer:
         overrides = {"channels": cfg.channels} if cfg.channels else {}
         if cfg.jit_ckpt_pth is None:
-            warnings.warn(f"model.jit_ckpt_pth is not set: training {cfg.model} from RANDOM weights. "
-                          "Point it at a Cosmos checkpoint folder to post-train.", stacklevel=2)
+            warnings.warn(
+                f"model.jit_ckpt_pth is not set: training {cfg.model} from RANDOM weights. "
+                "Point it at a Cosmos checkpoint folder to post-train.",
+                stacklevel=2,
+            )
             return build_tokenizer(cfg.model, **overrides)
         return load_tokenizer(cfg.jit_ckpt_pth, cfg.model, **overrides)
 
@@ -69,8 +73,7 @@ class TokenizerModel(pl.LightningModule):
         reconstruction = self.network(video)
         batch_size = video.shape[0]
         self.log("val/loss", masked_l1(reconstruction, video, mask), batch_size=batch_size, sync_dist=True)
-        self.log("val/psnr", video_psnr(reconstruction, video), batch_size=batch_size, sync_dist=True,
-                 prog_bar=True)
+        self.log("val/psnr", video_psnr(reconstruction, video), batch_size=batch_size, sync_dist=True, prog_bar=True)
 
     def on_train_batch_start(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._step_start = time.perf_counter()
@@ -84,8 +87,12 @@ class TokenizerModel(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         cfg = self.optim_config
         return torch.optim.AdamW(
-            self.network.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-            eps=cfg.adam_eps, weight_decay=cfg.weight_decay, fused=self.device.type == "cuda",
+            self.network.parameters(),
+            lr=cfg.lr,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+            fused=self.device.type == "cuda",
         )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -42,17 +42,21 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         if self.kind not in ("CV", "DV"):
             raise ValueError(f"kind must be 'CV' or 'DV', got {self.kind!r}")
-        for value, what in ((self.patch_size, "patch_size"),
-                            (self.temporal_compression, "temporal_compression"),
-                            (self.spatial_compression, "spatial_compression")):
+        for value, what in (
+            (self.patch_size, "patch_size"),
+            (self.temporal_compression, "temporal_compression"),
+            (self.spatial_compression, "spatial_compression"),
+        ):
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{what} must be a power of two, got {value}")
         if self.channels < 1:
             raise ValueError(f"channels must be positive, got {self.channels}")
         n_levels = len(self.channels_mult)
         if self.num_spatial_down > n_levels or self.num_temporal_down > n_levels:
-            raise ValueError(f"{self.name}: compression needs more resampling stages than the "
-                             f"{n_levels} levels of channels_mult={self.channels_mult}")
+            raise ValueError(
+                f"{self.name}: compression needs more resampling stages than the "
+                f"{n_levels} levels of channels_mult={self.channels_mult}"
+            )
         if self.num_spatial_down < 0 or self.num_temporal_down < 0:
             raise ValueError(f"{self.name}: patch_size {self.patch_size} exceeds the compression")
 
@@ -140,7 +144,7 @@ def resolve_name(name: str) -> str:
     short = name.strip().rstrip("/").split("/")[-1]
     for prefix in _PREFIXES:
         if short.startswith(prefix):
-            short = short[len(prefix):]
+            short = short[len(prefix) :]
     if short in REGISTRY:
         return short
     raise ValueError(

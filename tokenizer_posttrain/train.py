@@ -10,7 +10,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from .callbacks import AtomicCheckpointIO, PreemptionCheckpoint, checkpoint_callback
+from .callbacks import AtomicCheckpointIO, LossSummary, PreemptionCheckpoint, checkpoint_callback
 from .config import DataConfig, LogConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
 from .data.fake import SyntheticVideoDataModule
 from .model import TokenizerModel
@@ -37,15 +37,20 @@ def resolve_parallelism(trainer: TrainerConfig, data: DataConfig) -> Parallelism
     if accelerator == "auto":
         accelerator = "gpu" if torch.cuda.is_available() else "cpu"
     if accelerator == "gpu" and not torch.cuda.is_available():
-        warnings.warn("trainer.accelerator=gpu but no CUDA GPU is visible: training on the CPU "
-                      "(slow; set trainer.accelerator=cpu to silence this).", stacklevel=2)
+        warnings.warn(
+            "trainer.accelerator=gpu but no CUDA GPU is visible: training on the CPU "
+            "(slow; set trainer.accelerator=cpu to silence this).",
+            stacklevel=2,
+        )
         accelerator = "cpu"
     num_nodes = trainer.num_nodes if trainer.num_nodes is not None else int(os.environ.get("SLURM_NNODES", "1"))
     if "LOCAL_WORLD_SIZE" in os.environ:  # launched by torchrun: one process per device
         devices = int(os.environ["LOCAL_WORLD_SIZE"])
         if trainer.devices != "auto" and int(trainer.devices) != devices:
-            raise ValueError(f"trainer.devices={trainer.devices} but torchrun started {devices} processes "
-                             "per node; make --nproc-per-node and trainer.devices agree")
+            raise ValueError(
+                f"trainer.devices={trainer.devices} but torchrun started {devices} processes "
+                "per node; make --nproc-per-node and trainer.devices agree"
+            )
     elif trainer.devices != "auto":
         devices = int(trainer.devices)
     else:
@@ -67,8 +72,9 @@ def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
     tc, sc = cfg.temporal_compression, cfg.spatial_compression
     if (data.frames - 1) % tc:
         lo = 1 + (data.frames - 1) // tc * tc
-        raise ValueError(f"data.frames={data.frames} does not fit {cfg.name}: clips need 1+{tc}k frames "
-                         f"(e.g. {lo} or {lo + tc})")
+        raise ValueError(
+            f"data.frames={data.frames} does not fit {cfg.name}: clips need 1+{tc}k frames (e.g. {lo} or {lo + tc})"
+        )
     for key, value in (("data.height", data.height), ("data.width", data.width)):
         if value % sc:
             raise ValueError(f"{key}={value} is not a multiple of {sc}, the spatial compression of {cfg.name}")
@@ -81,8 +87,13 @@ def build_datamodule(data: DataConfig) -> pl.LightningDataModule:
             "version yet; leave data.path unset to train on synthetic clips."
         )
     return SyntheticVideoDataModule(
-        frames=data.frames, height=data.height, width=data.width, micro_batch_size=data.micro_batch_size,
-        num_workers=data.num_workers, num_train_samples=data.num_train_samples, seed=data.seed,
+        frames=data.frames,
+        height=data.height,
+        width=data.width,
+        micro_batch_size=data.micro_batch_size,
+        num_workers=data.num_workers,
+        num_train_samples=data.num_train_samples,
+        seed=data.seed,
     )
 
 
@@ -120,17 +131,25 @@ def train(
     if ckpt_path and trainer.max_steps > 0:
         done = _checkpoint_step(ckpt_path)
         if done >= trainer.max_steps and not resume.resume_past_end:
-            raise ValueError(f"{ckpt_path} already reached step {done} >= trainer.max_steps="
-                             f"{trainer.max_steps}; raise trainer.max_steps or set resume.resume_past_end=true")
+            raise ValueError(
+                f"{ckpt_path} already reached step {done} >= trainer.max_steps="
+                f"{trainer.max_steps}; raise trainer.max_steps or set resume.resume_past_end=true"
+            )
 
     pl.seed_everything(trainer.seed, workers=True, verbose=False)
     module = TokenizerModel(model, optim)
     datamodule = build_datamodule(data)
     loggers: list = [pl.loggers.CSVLogger(save_dir=str(run_dir), name="csv")]
     if os.environ.get("WANDB_API_KEY"):
-        loggers.append(pl.loggers.WandbLogger(
-            project=os.environ.get("WANDB_PROJECT_NAME", "tokenizer-posttrain"), name=log.name,
-            id=os.environ.get("WANDB_RUN_ID"), resume="allow", save_dir=str(run_dir)))
+        loggers.append(
+            pl.loggers.WandbLogger(
+                project=os.environ.get("WANDB_PROJECT_NAME", "tokenizer-posttrain"),
+                name=log.name,
+                id=os.environ.get("WANDB_RUN_ID"),
+                resume="allow",
+                save_dir=str(run_dir),
+            )
+        )
 
     lightning_trainer = pl.Trainer(
         accelerator=par.accelerator,
@@ -147,8 +166,11 @@ def train(
         log_every_n_steps=trainer.log_every_n_steps,
         accumulate_grad_batches=par.accumulate_grad_batches,
         gradient_clip_val=trainer.gradient_clip_val or None,
-        callbacks=[checkpoint_callback(ckpt_dir, trainer.checkpoint_every_n_steps, trainer.checkpoint_keep),
-                   PreemptionCheckpoint(ckpt_dir / LAST_CKPT)],
+        callbacks=[
+            checkpoint_callback(ckpt_dir, trainer.checkpoint_every_n_steps, trainer.checkpoint_keep),
+            PreemptionCheckpoint(ckpt_dir / LAST_CKPT),
+            LossSummary(),
+        ],
         plugins=[AtomicCheckpointIO()],
         logger=loggers,
         default_root_dir=str(run_dir),

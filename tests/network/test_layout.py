@@ -32,6 +32,8 @@ def test_parameter_count_matches_the_manifest(name: str) -> None:
 def test_strict_load_of_the_official_layout_on_meta() -> None:
     with torch.device("meta"):
         net = build_tokenizer("DV8x16x16")
-        fake = {k: torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
-                for k, (shape, dtype) in MANIFEST["DV8x16x16"]["state_dict"]["decoder"].items()}
+        fake = {
+            k: torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
+            for k, (shape, dtype) in MANIFEST["DV8x16x16"]["state_dict"]["decoder"].items()
+        }
     DecoderLayout(net).load_state_dict(fake, strict=True, assign=True)

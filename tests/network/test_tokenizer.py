@@ -28,15 +28,17 @@ def test_shapes_round_trip(tiny_network: CausalVideoTokenizer, t: int) -> None:
             assert tiny_network.decode_indices(indices).shape == x.shape
 
 
-@pytest.mark.parametrize("shape, message", [
-    ((1, 3, 16, 32, 32), r"T=16 frames is not 1\+8k \(use 9 or 17\)"),
-    ((1, 3, 17, 36, 32), "H=36 is not a multiple"),
-    ((1, 3, 17, 32, 20), "W=20 is not a multiple"),
-    ((1, 4, 17, 32, 32), r"expected a video \[B, 3, T, H, W\]"),
-    ((3, 17, 32, 32), r"expected a video"),
-])
-def test_unsupported_input_gets_a_clear_error(tiny_network: CausalVideoTokenizer, shape: tuple, message: str
-                                              ) -> None:
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        ((1, 3, 16, 32, 32), r"T=16 frames is not 1\+8k \(use 9 or 17\)"),
+        ((1, 3, 17, 36, 32), "H=36 is not a multiple"),
+        ((1, 3, 17, 32, 20), "W=20 is not a multiple"),
+        ((1, 4, 17, 32, 32), r"expected a video \[B, 3, T, H, W\]"),
+        ((3, 17, 32, 32), r"expected a video"),
+    ],
+)
+def test_unsupported_input_gets_a_clear_error(tiny_network: CausalVideoTokenizer, shape: tuple, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         tiny_network.encode(torch.zeros(shape))
     with pytest.raises(ValueError, match=message):
@@ -79,8 +81,11 @@ def test_gradients_reach_every_parameter(tiny_network: CausalVideoTokenizer) -> 
     x = video(17, 64, 64)  # enough latent frames and tokens that the DV codes differ over time
     net(x).abs().mean().backward()
     # A key bias shifts every score of a query equally, so softmax makes its gradient exactly zero.
-    missing = [n for n, p in net.named_parameters()
-               if not n.endswith(".k.conv3d.bias") and (p.grad is None or not p.grad.abs().sum() > 0)]
+    missing = [
+        n
+        for n, p in net.named_parameters()
+        if not n.endswith(".k.conv3d.bias") and (p.grad is None or not p.grad.abs().sum() > 0)
+    ]
     assert missing == []  # the DV straight-through estimator lets gradients reach the encoder
 
 

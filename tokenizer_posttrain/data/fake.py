@@ -30,8 +30,9 @@ def synthetic_clip(frames: int, height: int, width: int, seed: int) -> torch.Ten
         wave = torch.sin(2 * math.pi * (fx * (x - vx * t) + fy * (y - vy * t)) + phase)
         clip += 0.3 * colour * wave
     for _ in range(2):  # blobs moving along straight lines
-        cx, cy, vx, vy = (torch.rand(4, generator=gen) * torch.tensor([1, 1, 0.04, 0.04])
-                          - torch.tensor([0, 0, 0.02, 0.02])).tolist()
+        cx, cy, vx, vy = (
+            torch.rand(4, generator=gen) * torch.tensor([1, 1, 0.04, 0.04]) - torch.tensor([0, 0, 0.02, 0.02])
+        ).tolist()
         radius = 0.08 + 0.1 * float(torch.rand(1, generator=gen))
         colour = (torch.rand(3, generator=gen) * 2 - 1).view(3, 1, 1, 1)
         d2 = (x - cx - vx * t) ** 2 + (y - cy - vy * t) ** 2
@@ -42,8 +43,9 @@ def synthetic_clip(frames: int, height: int, width: int, seed: int) -> torch.Ten
 class SyntheticVideoDataset(Dataset):
     """``num_samples`` clips; clip ``i`` depends only on ``(seed, i)``."""
 
-    def __init__(self, num_samples: int, frames: int, height: int, width: int, seed: int = 0,
-                 dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(
+        self, num_samples: int, frames: int, height: int, width: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16
+    ) -> None:
         self.num_samples, self.frames, self.height, self.width = num_samples, frames, height, width
         self.seed, self.dtype = seed, dtype
 
@@ -59,9 +61,17 @@ class SyntheticVideoDataset(Dataset):
 class SyntheticVideoDataModule(pl.LightningDataModule):
     """Train and validation loaders over :class:`SyntheticVideoDataset`."""
 
-    def __init__(self, frames: int = 33, height: int = 256, width: int = 256, micro_batch_size: int = 1,
-                 num_workers: int = 2, num_train_samples: int = 10_000, num_val_samples: int = 64,
-                 seed: int = 1234) -> None:
+    def __init__(
+        self,
+        frames: int = 33,
+        height: int = 256,
+        width: int = 256,
+        micro_batch_size: int = 1,
+        num_workers: int = 2,
+        num_train_samples: int = 10_000,
+        num_val_samples: int = 64,
+        seed: int = 1234,
+    ) -> None:
         super().__init__()
         shape = dict(frames=frames, height=height, width=width)
         self.train_set = SyntheticVideoDataset(num_train_samples, seed=seed, **shape)
@@ -70,9 +80,14 @@ class SyntheticVideoDataModule(pl.LightningDataModule):
         self.num_workers = num_workers
 
     def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.micro_batch_size, shuffle=shuffle,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          drop_last=shuffle)
+        return DataLoader(
+            dataset,
+            batch_size=self.micro_batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            drop_last=shuffle,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)

@@ -8,5 +8,4 @@ from .tokenizer import (
     build_tokenizer,
 )
 
-__all__ = ["AutoencoderLayout", "CausalVideoTokenizer", "DecoderLayout", "EncoderLayout",
-           "build_tokenizer"]
+__all__ = ["AutoencoderLayout", "CausalVideoTokenizer", "DecoderLayout", "EncoderLayout", "build_tokenizer"]

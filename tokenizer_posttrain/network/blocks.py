@@ -42,8 +42,11 @@ class CausalConv3d(nn.Module):
         self.time_pad = k_t - 1 + (1 - time_stride)
         # Zero padding of H and W inside the convolution equals padding the input first.
         self.conv3d = nn.Conv3d(
-            in_channels, out_channels, kernel_size,
-            stride=(time_stride, stride, stride), padding=(0, padding, padding),
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride=(time_stride, stride, stride),
+            padding=(0, padding, padding),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -85,9 +88,7 @@ class ResnetBlock(nn.Module):
         self.norm2 = FrameGroupNorm(out_channels)
         self.dropout = nn.Dropout(dropout)
         self.conv2 = factorized_conv(out_channels, out_channels)
-        self.nin_shortcut = (
-            pointwise_conv(in_channels, out_channels) if in_channels != out_channels else nn.Identity()
-        )
+        self.nin_shortcut = pointwise_conv(in_channels, out_channels) if in_channels != out_channels else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv1(silu(self.norm1(x)))
@@ -195,9 +196,7 @@ class CausalTemporalAttention(_Attention):
         def tokens(y: torch.Tensor) -> torch.Tensor:  # [B*H*W, 1, T, C]
             return y.permute(0, 3, 4, 2, 1).reshape(b * hh * ww, 1, t, c)
 
-        out = F.scaled_dot_product_attention(
-            tokens(self.q(h)), tokens(self.k(h)), tokens(self.v(h)), is_causal=True
-        )
+        out = F.scaled_dot_product_attention(tokens(self.q(h)), tokens(self.k(h)), tokens(self.v(h)), is_causal=True)
         out = out.reshape(b, hh, ww, t, c).permute(0, 4, 3, 1, 2)
         return x + self.proj_out(out)
 

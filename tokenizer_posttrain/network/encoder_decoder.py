@@ -69,8 +69,7 @@ class Encoder(nn.Module):
                 block_in = width
             down = None
             if i < n_levels - 1:
-                down = HybridDownsample(width, spatial=i < cfg.num_spatial_down,
-                                        temporal=i < cfg.num_temporal_down)
+                down = HybridDownsample(width, spatial=i < cfg.num_spatial_down, temporal=i < cfg.num_temporal_down)
             levels.append(_Level(blocks, down, "downsample"))
         self.down = nn.ModuleList(levels)
         self.mid = _Mid(block_in, cfg.dropout)

@@ -24,8 +24,12 @@ class FSQuantizer(nn.Module):
         self.register_buffer("_levels", lv)
         self.register_buffer("_basis", basis)
         # Stored (never used in forward) because the official checkpoints carry it.
-        self.register_buffer("implicit_codebook", self._digits_to_codes(self._index_digits(
-            torch.arange(math.prod(levels)), lv, basis), lv).to(torch.bfloat16))
+        self.register_buffer(
+            "implicit_codebook",
+            self._digits_to_codes(self._index_digits(torch.arange(math.prod(levels)), lv, basis), lv).to(
+                torch.bfloat16
+            ),
+        )
 
     @staticmethod
     def _index_digits(indices: torch.Tensor, levels: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:

@@ -81,4 +81,4 @@ class UnPatcher3D(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for _ in range(self.levels):
             x = haar_synthesis(x)
-        return x[:, :, self.patch_size - 1:]
+        return x[:, :, self.patch_size - 1 :]

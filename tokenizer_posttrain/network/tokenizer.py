@@ -46,8 +46,9 @@ class CausalVideoTokenizer(nn.Module):
         """Raise a clear ``ValueError`` unless ``x`` is a video this model accepts."""
         cfg = self.config
         if x.dim() != 5 or x.shape[1] != cfg.in_channels:
-            raise ValueError(f"{cfg.name}: expected a video [B, {cfg.in_channels}, T, H, W], "
-                             f"got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"{cfg.name}: expected a video [B, {cfg.in_channels}, T, H, W], got shape {tuple(x.shape)}"
+            )
         _, _, t, h, w = x.shape
         tc, sc = cfg.temporal_compression, cfg.spatial_compression
         problems = []
@@ -58,14 +59,15 @@ class CausalVideoTokenizer(nn.Module):
             if size % sc or size == 0:
                 problems.append(f"{axis}={size} is not a multiple of {sc}")
         if problems:
-            raise ValueError(f"{cfg.name}: unsupported input size: {'; '.join(problems)}. "
-                             "Crop or pad the clip (tokenizer_posttrain pads nothing silently).")
+            raise ValueError(
+                f"{cfg.name}: unsupported input size: {'; '.join(problems)}. "
+                "Crop or pad the clip (tokenizer_posttrain pads nothing silently)."
+            )
 
     def check_latent(self, z: Tensor) -> None:
         channels = self.config.latent_dim
         if z.dim() != 5 or z.shape[1] != channels:
-            raise ValueError(f"{self.config.name}: decode expects [B, {channels}, t, h, w], "
-                             f"got shape {tuple(z.shape)}")
+            raise ValueError(f"{self.config.name}: decode expects [B, {channels}, t, h, w], got shape {tuple(z.shape)}")
 
     # -- unchecked paths (used by the layouts, which must trace without Python checks) ----
     def _encode(self, x: Tensor) -> tuple[Tensor, ...]:
@@ -97,8 +99,7 @@ class CausalVideoTokenizer(nn.Module):
         if not self.is_discrete:
             raise TypeError(f"{self.config.name} is continuous: it has no token indices; use decode()")
         if indices.dim() != 4 or indices.is_floating_point():
-            raise ValueError(f"decode_indices expects integer [B, t, h, w], got "
-                             f"{indices.dtype} {tuple(indices.shape)}")
+            raise ValueError(f"decode_indices expects integer [B, t, h, w], got {indices.dtype} {tuple(indices.shape)}")
         return self._decode(self._indices_to_codes(indices))
 
     def forward(self, x: Tensor) -> Tensor:

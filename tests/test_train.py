@@ -1,0 +1,66 @@
+"""Launch-time checks: parallelism, gradient accumulation and clip shapes fail early and clearly."""
+
+import pytest
+
+from tokenizer_posttrain.config import DataConfig, ModelConfig, TrainerConfig
+from tokenizer_posttrain.train import check_clip_shape, resolve_parallelism
+
+
+def test_accumulation_follows_from_the_global_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("SLURM_NNODES", raising=False)
+    cpu = TrainerConfig(accelerator="cpu")
+    assert resolve_parallelism(cpu, DataConfig()).accumulate_grad_batches == 8
+    par = resolve_parallelism(
+        TrainerConfig(accelerator="cpu", devices="2"), DataConfig(global_batch_size=8, micro_batch_size=2)
+    )
+    assert (par.devices, par.world_size, par.accumulate_grad_batches) == (2, 2, 2)
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    assert resolve_parallelism(TrainerConfig(accelerator="cpu", devices="2"), DataConfig()).world_size == 4
+
+
+def test_indivisible_global_batch_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match=r"global_batch_size=6 is not a multiple .* = 4; use a global batch of 4"):
+        resolve_parallelism(
+            TrainerConfig(accelerator="cpu", devices="2"), DataConfig(global_batch_size=6, micro_batch_size=2)
+        )
+
+
+def test_torchrun_process_count_must_match_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert resolve_parallelism(TrainerConfig(accelerator="cpu"), DataConfig()).devices == 2
+    with pytest.raises(ValueError, match="torchrun started 2 processes"):
+        resolve_parallelism(TrainerConfig(accelerator="cpu", devices="4"), DataConfig())
+
+
+def test_gpu_falls_back_to_cpu_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.warns(UserWarning, match="no CUDA GPU"):
+        assert resolve_parallelism(TrainerConfig(), DataConfig()).accelerator == "cpu"
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (DataConfig(frames=32), r"data.frames=32 does not fit DV8x16x16: clips need 1\+8k frames \(e.g. 25 or 33\)"),
+        (DataConfig(height=200), "data.height=200 is not a multiple of 16"),
+    ],
+)
+def test_clip_shape_is_checked_before_launch(data: DataConfig, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_clip_shape(ModelConfig(model="DV8x16x16"), data)
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"precision": "fp8"}, "trainer.precision"),
+        ({"devices": "two"}, "trainer.devices"),
+        ({"max_steps": 0}, "trainer.max_steps"),
+    ],
+)
+def test_trainer_config_rejects_bad_values(kwargs: dict, key: str) -> None:
+    with pytest.raises(ValueError, match=f"invalid {key}="):
+        TrainerConfig(**kwargs)
