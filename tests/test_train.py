@@ -44,7 +44,7 @@ def test_gpu_falls_back_to_cpu_with_a_warning(monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.parametrize(
     "data, message",
     [
-        (DataConfig(frames=32), r"data.frames=32 does not fit DV8x16x16: clips need 1\+8k frames \(e.g. 25 or 33\)"),
+        (DataConfig(frames=32), r"does not fit DV8x16x16: data.frames=32 is not 1\+8k frames \(use 25 or 33\)"),
         (DataConfig(height=200), "data.height=200 is not a multiple of 16"),
     ],
 )

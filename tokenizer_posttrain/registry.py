@@ -90,6 +90,20 @@ class TokenizerConfig:
     def full_name(self) -> str:
         return f"Cosmos-1.0-Tokenizer-{self.name}"
 
+    def clip_problems(
+        self, frames: int, height: int, width: int, names: tuple[str, str, str] = ("T", "H", "W")
+    ) -> list[str]:
+        """Why a clip of this size cannot go through the network (empty when it can)."""
+        tc, sc = self.temporal_compression, self.spatial_compression
+        problems = []
+        if frames < 1 or (frames - 1) % tc:
+            lo = 1 + max(frames - 1, 0) // tc * tc
+            problems.append(f"{names[0]}={frames} is not 1+{tc}k frames (use {lo} or {lo + tc})")
+        for size, name in ((height, names[1]), (width, names[2])):
+            if size < 1 or size % sc:
+                problems.append(f"{name}={size} is not a multiple of {sc}")
+        return problems
+
     def replace(self, **overrides: Any) -> TokenizerConfig:
         """A copy with some fields changed (e.g. ``channels=16`` for tiny test models)."""
         known = {f.name for f in dataclasses.fields(self)}

@@ -69,15 +69,9 @@ def resolve_parallelism(trainer: TrainerConfig, data: DataConfig) -> Parallelism
 def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
     """Fail before launch when the clip shape cannot go through the tokenizer."""
     cfg = get_config(model.model)
-    tc, sc = cfg.temporal_compression, cfg.spatial_compression
-    if (data.frames - 1) % tc:
-        lo = 1 + (data.frames - 1) // tc * tc
-        raise ValueError(
-            f"data.frames={data.frames} does not fit {cfg.name}: clips need 1+{tc}k frames (e.g. {lo} or {lo + tc})"
-        )
-    for key, value in (("data.height", data.height), ("data.width", data.width)):
-        if value % sc:
-            raise ValueError(f"{key}={value} is not a multiple of {sc}, the spatial compression of {cfg.name}")
+    problems = cfg.clip_problems(data.frames, data.height, data.width, ("data.frames", "data.height", "data.width"))
+    if problems:
+        raise ValueError(f"the clip shape does not fit {cfg.name}: {'; '.join(problems)}")
 
 
 def build_datamodule(data: DataConfig) -> pl.LightningDataModule:

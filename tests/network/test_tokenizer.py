@@ -31,7 +31,7 @@ def test_shapes_round_trip(tiny_network: CausalVideoTokenizer, t: int) -> None:
 @pytest.mark.parametrize(
     "shape, message",
     [
-        ((1, 3, 16, 32, 32), r"T=16 frames is not 1\+8k \(use 9 or 17\)"),
+        ((1, 3, 16, 32, 32), r"T=16 is not 1\+8k frames \(use 9 or 17\)"),
         ((1, 3, 17, 36, 32), "H=36 is not a multiple"),
         ((1, 3, 17, 32, 20), "W=20 is not a multiple"),
         ((1, 4, 17, 32, 32), r"expected a video \[B, 3, T, H, W\]"),

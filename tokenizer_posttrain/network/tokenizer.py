@@ -49,15 +49,7 @@ class CausalVideoTokenizer(nn.Module):
             raise ValueError(
                 f"{cfg.name}: expected a video [B, {cfg.in_channels}, T, H, W], got shape {tuple(x.shape)}"
             )
-        _, _, t, h, w = x.shape
-        tc, sc = cfg.temporal_compression, cfg.spatial_compression
-        problems = []
-        if (t - 1) % tc:
-            lo = 1 + (t - 1) // tc * tc
-            problems.append(f"T={t} frames is not 1+{tc}k (use {lo} or {lo + tc})")
-        for size, axis in ((h, "H"), (w, "W")):
-            if size % sc or size == 0:
-                problems.append(f"{axis}={size} is not a multiple of {sc}")
+        problems = cfg.clip_problems(*x.shape[2:])
         if problems:
             raise ValueError(
                 f"{cfg.name}: unsupported input size: {'; '.join(problems)}. "
