@@ -83,3 +83,24 @@ def bigbuckbunny() -> Path:
     if not path.is_file():
         raise FileNotFoundError(path)
     return path
+
+
+def write_energon_dataset(root: Path, train: dict[str, bytes], val: dict[str, bytes] | None = None) -> Path:
+    """A prepared energon dataset: ``train.tar`` (and ``val.tar``) holding ``<key>.mp4`` members."""
+    import subprocess
+    import sys
+
+    import webdataset as wds
+
+    root.mkdir(parents=True, exist_ok=True)
+    parts = {"train": train, **({"val": val} if val else {})}
+    for split, videos in parts.items():
+        with wds.TarWriter(str(root / f"{split}.tar")) as writer:
+            for key, data in videos.items():
+                writer.write({"__key__": key, "mp4": data})
+    energon = Path(sys.executable).with_name("energon")
+    args = [str(energon), "prepare", "--non-interactive", "--sample-type", "CrudeWebdataset"]
+    for split in parts:
+        args += ["--split-parts", f"{split}:{split}.tar"]
+    subprocess.run([*args, str(root)], check=True, capture_output=True, cwd=root)
+    return root

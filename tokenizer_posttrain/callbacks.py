@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,9 @@ import lightning.pytorch as pl
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from .data.batch import KEYS, SKIPPED, VIDEO
+from .data.preflight import DataError
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -83,3 +87,54 @@ class LossSummary(pl.Callback):
             f"(mean of last {n}); {trainer.global_step} steps done",
             flush=True,
         )
+
+
+class SkippedSamples(pl.Callback):
+    """Counts and logs the videos the loader skipped (``data/skipped_samples``), naming each;
+    stops the run when more than ``max_fraction`` of them fail (after a few dozen samples,
+    so one early bad file does not end a run)."""
+
+    MIN_SAMPLES = 20
+
+    def __init__(self, max_fraction: float) -> None:
+        self.max_fraction = max_fraction
+        self.skipped: list[str] = []
+        self.used = 0
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not isinstance(batch, dict) or SKIPPED not in batch:
+            return
+        new = list(batch[SKIPPED])
+        for reason in new:
+            print(f"[rank {trainer.global_rank}] skipped video {reason}", flush=True)
+        self.skipped.extend(new)
+        self.used += len(batch[VIDEO])
+        pl_module.log("data/skipped_samples", float(len(self.skipped)), reduce_fx="sum", sync_dist=True, batch_size=1)
+        total = self.used + len(self.skipped)
+        if total >= self.MIN_SAMPLES and len(self.skipped) > self.max_fraction * total:
+            listing = "\n  ".join(self.skipped[:20])
+            raise DataError(
+                f"{len(self.skipped)} of {total} videos read on rank {trainer.global_rank} were unusable, more than "
+                f"data.max_skip_fraction={self.max_fraction}:\n  {listing}\n"
+                "Run python -m data_tools check on the dataset to list every problem, then fix or remove those files."
+            )
+
+
+class SampleTrace(pl.Callback):
+    """Appends which videos each training micro-batch held to ``<dir>/rank<R>.jsonl``: an audit
+    trail of what a run trained on, and the proof that a resumed run continues the stream."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not isinstance(batch, dict) or KEYS not in batch:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        record = {"step": trainer.global_step, "keys": list(batch[KEYS])}
+        with open(self.directory / f"rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")

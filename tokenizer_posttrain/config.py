@@ -43,7 +43,8 @@ class DataConfig:
     """Where clips come from and how they are batched."""
 
     path: Optional[str] = None
-    """Energon dataset folder; None trains on synthetic moving patterns (no data needed)."""
+    """Energon dataset folder of <key>.mp4 shards (python -m data_tools make-shards VIDEOS OUT makes
+    one); None trains on synthetic moving patterns (no data needed)."""
     global_batch_size: int = 8
     """Clips per optimizer step over all GPUs; gradient accumulation makes up the rest."""
     micro_batch_size: int = 1
@@ -53,7 +54,24 @@ class DataConfig:
     frames: int = 33
     """Frames per clip (1 + 8k for the 8x temporal models)."""
     height: int = 256
+    """Crop height (the pixel budget's height with aspect_buckets)."""
     width: int = 256
+    """Crop width."""
+    resize_short_side: Optional[int] = None
+    """Resize frames (while decoding) so the short side has this length, before cropping."""
+    hflip: bool = False
+    """Flip half of the clips horizontally."""
+    aspect_buckets: bool = False
+    """Crop at the aspect bucket (1:1, 4:3, 3:4, 16:9, 9:16) nearest each video, at the pixel budget
+    height x width; each batch holds one bucket."""
+    shuffle_buffer_size: int = 100
+    """Energon: samples mixed in the shuffle buffer."""
+    max_samples_per_sequence: int = 100
+    """Energon: samples read in a row from one shard before switching."""
+    max_skip_fraction: float = 0.05
+    """Stop (with the file names) when more than this fraction of videos are unusable."""
+    preflight_samples: int = 16
+    """Videos probed before launch to check they can give the clip shape (0 disables)."""
     num_train_samples: int = 10_000
     """Synthetic data only: clips per epoch."""
     seed: int = 1234
@@ -64,6 +82,15 @@ class DataConfig:
             value = getattr(self, key)
             _require(value > 0, f"data.{key}", value, "must be positive")
         _require(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
+        _require(
+            0 <= self.max_skip_fraction <= 1, "data.max_skip_fraction", self.max_skip_fraction, "must be in [0, 1]"
+        )
+        _require(
+            self.resize_short_side is None or self.resize_short_side > 0,
+            "data.resize_short_side",
+            self.resize_short_side,
+            "must be positive",
+        )
 
 
 @dataclass

@@ -10,9 +10,19 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from .callbacks import AtomicCheckpointIO, LossSummary, PreemptionCheckpoint, checkpoint_callback
+from .callbacks import (
+    AtomicCheckpointIO,
+    LossSummary,
+    PreemptionCheckpoint,
+    SampleTrace,
+    SkippedSamples,
+    checkpoint_callback,
+)
 from .config import DataConfig, LogConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
+from .data.energon import EnergonVideoDataModule
 from .data.fake import SyntheticVideoDataModule
+from .data.preflight import check_worker_share, preflight
+from .data.task_encoder import ClipSpec
 from .model import TokenizerModel
 from .registry import get_config
 
@@ -74,21 +84,55 @@ def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
         raise ValueError(f"the clip shape does not fit {cfg.name}: {'; '.join(problems)}")
 
 
-def build_datamodule(data: DataConfig) -> pl.LightningDataModule:
-    if data.path is not None:
-        raise NotImplementedError(
-            f"data.path={data.path!r}: training on energon video datasets is not available in this "
-            "version yet; leave data.path unset to train on synthetic clips."
+def build_datamodule(data: DataConfig, model: ModelConfig, seed: int) -> pl.LightningDataModule:
+    """Synthetic clips when ``data.path`` is None, else the energon video dataset at that path."""
+    if data.path is None:
+        return SyntheticVideoDataModule(
+            frames=data.frames,
+            height=data.height,
+            width=data.width,
+            micro_batch_size=data.micro_batch_size,
+            num_workers=data.num_workers,
+            num_train_samples=data.num_train_samples,
+            seed=data.seed,
         )
-    return SyntheticVideoDataModule(
+    spec = ClipSpec(
         frames=data.frames,
         height=data.height,
         width=data.width,
+        resize_short_side=data.resize_short_side,
+        hflip=data.hflip,
+        aspect_buckets=data.aspect_buckets,
+        multiple_of=get_config(model.model).spatial_compression,
+    )
+    return EnergonVideoDataModule(
+        data.path,
+        spec,
         micro_batch_size=data.micro_batch_size,
         num_workers=data.num_workers,
-        num_train_samples=data.num_train_samples,
-        seed=data.seed,
+        shuffle_buffer_size=data.shuffle_buffer_size,
+        max_samples_per_sequence=data.max_samples_per_sequence,
+        seed=seed,
     )
+
+
+def check_data(data: DataConfig, world_size: int, seed: int) -> None:
+    """Preflight of a real dataset: refuse to start when its videos cannot give the clips."""
+    if data.path is None:
+        return
+    check_worker_share(data.path, world_size, data.num_workers)
+    problems = preflight(
+        data.path,
+        data.frames,
+        data.height,
+        data.width,
+        data.resize_short_side,
+        data.preflight_samples,
+        data.max_skip_fraction,
+        seed,
+    )
+    if problems:
+        warnings.warn("some sampled videos will be skipped:\n  " + "\n  ".join(problems[:10]), stacklevel=2)
 
 
 def find_resume_checkpoint(ckpt_dir: Path, resume: ResumeConfig) -> str | None:
@@ -119,6 +163,7 @@ def train(
     """Post-train a Cosmos tokenizer; returns the run folder (checkpoints/, csv/, export/)."""
     check_clip_shape(model, data)
     par = resolve_parallelism(trainer, data)
+    check_data(data, par.world_size, trainer.seed)
     run_dir = Path(log.log_dir) / log.name
     ckpt_dir = run_dir / "checkpoints"
     ckpt_path = find_resume_checkpoint(ckpt_dir, resume)
@@ -132,7 +177,11 @@ def train(
 
     pl.seed_everything(trainer.seed, workers=True, verbose=False)
     module = TokenizerModel(model, optim)
-    datamodule = build_datamodule(data)
+    datamodule = build_datamodule(data, model, trainer.seed)
+    limit_val_batches = trainer.limit_val_batches
+    if isinstance(datamodule, EnergonVideoDataModule) and not datamodule.has_validation:
+        warnings.warn(f"{data.path} has no val split: validation is off", stacklevel=2)
+        limit_val_batches = 0
     loggers: list = [pl.loggers.CSVLogger(save_dir=str(run_dir), name="csv")]
     if os.environ.get("WANDB_API_KEY"):
         loggers.append(
@@ -156,7 +205,9 @@ def train(
         # Both count optimizer steps on the command line; Lightning counts micro-batches.
         val_check_interval=trainer.val_check_interval * par.accumulate_grad_batches,
         check_val_every_n_epoch=None,
-        limit_val_batches=trainer.limit_val_batches,
+        limit_val_batches=limit_val_batches,
+        # energon splits data over ranks itself; Lightning's sampler would break its loaders
+        use_distributed_sampler=data.path is None,
         log_every_n_steps=trainer.log_every_n_steps,
         accumulate_grad_batches=par.accumulate_grad_batches,
         gradient_clip_val=trainer.gradient_clip_val or None,
@@ -164,6 +215,8 @@ def train(
             checkpoint_callback(ckpt_dir, trainer.checkpoint_every_n_steps, trainer.checkpoint_keep),
             PreemptionCheckpoint(ckpt_dir / LAST_CKPT),
             LossSummary(),
+            SkippedSamples(data.max_skip_fraction),
+            SampleTrace(run_dir / "samples"),
         ],
         plugins=[AtomicCheckpointIO()],
         logger=loggers,

@@ -1,6 +1,12 @@
-"""Batch keys, in one place: every data module yields ``{VIDEO: ..., LOSS_MASK: ...}``."""
+"""Batch keys, in one place: every data module yields a plain dict with these keys."""
 
 VIDEO = "video"
 """``[B, 3, T, H, W]`` clip in [-1, 1] (bf16 from the loaders)."""
 LOSS_MASK = "loss_mask"
 """``[B, 1, T, H, W]``: 1 where the pixel counts in the loss, 0 for padding."""
+ASPECT_RATIO = "aspect_ratio"
+"""``[B]`` width / height of each clip (energon data only)."""
+KEYS = "keys"
+"""Sample keys of the clips (energon data only)."""
+SKIPPED = "skipped"
+"""``"<key>: <reason>"`` for each video the loader skipped since its previous batch (energon only)."""

@@ -1,0 +1,156 @@
+"""The energon TaskEncoder on real small mp4 shards: shapes, range, random crops, skips."""
+
+from __future__ import annotations
+
+import io
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+
+from tests.videos import encode_video, write_energon_dataset
+from tokenizer_posttrain.data.batch import ASPECT_RATIO, KEYS, LOSS_MASK, SKIPPED, VIDEO
+from tokenizer_posttrain.data.energon import EnergonVideoDataModule
+from tokenizer_posttrain.data.task_encoder import ClipSpec, nearest_bucket
+
+
+def position_video(frames: int, height: int, width: int) -> bytes:
+    """Frame t is grey level 4t in channel R; G ramps with x, B with y: a crop's origin is readable."""
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=Fraction(10), options={"crf": "0"})
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv444p"
+        y, x = np.mgrid[0:height, 0:width]
+        for t in range(frames):
+            img = np.stack([np.full_like(x, 4 * t), 2 * x, 2 * y], axis=-1).astype(np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def batches(path: Path, spec: ClipSpec, n: int, micro_batch_size: int = 1, seed: int = 0, workers: int = 0) -> list:
+    dm = EnergonVideoDataModule(
+        str(path),
+        spec,
+        micro_batch_size=micro_batch_size,
+        num_workers=workers,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        seed=seed,
+    )
+    it = iter(dm.train_dataloader())
+    return [next(it) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def position_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    video = position_video(25, 48, 64)
+    # several samples: energon gives every loader worker a share and needs one for each
+    return write_energon_dataset(
+        tmp_path_factory.mktemp("pos"), {f"pos{i}": video for i in range(4)}, {"posval": video}
+    )
+
+
+def test_clip_shape_dtype_range_and_keys(position_dataset: Path) -> None:
+    (batch,) = batches(position_dataset, ClipSpec(frames=9, height=32, width=32), 1, micro_batch_size=2)
+    assert batch[VIDEO].shape == (2, 3, 9, 32, 32) and batch[VIDEO].dtype == torch.bfloat16
+    assert batch[VIDEO].min() >= -1 and batch[VIDEO].max() <= 1
+    assert batch[LOSS_MASK].shape == (2, 1, 9, 32, 32) and bool((batch[LOSS_MASK] == 1).all())
+    assert (
+        batch[ASPECT_RATIO].tolist() == [1.0, 1.0]
+        and all(k.startswith("pos") for k in batch[KEYS])
+        and batch[SKIPPED] == []
+    )
+
+
+def _origin(clip: torch.Tensor) -> tuple[int, int, int]:
+    """(start frame, top, left) of a crop of :func:`position_video`."""
+    u8 = ((clip.float() + 1) * 127.5).round()
+    return round(float(u8[0, 0].mean()) / 4), round(float(u8[2, 0, 0, 0]) / 2), round(float(u8[1, 0, 0, 0]) / 2)
+
+
+def test_crops_are_uniformly_random_and_cover_the_clip(position_dataset: Path) -> None:
+    spec = ClipSpec(frames=9, height=32, width=32)
+    origins = [_origin(b[VIDEO][0]) for b in batches(position_dataset, spec, 120)]
+    starts, tops, lefts = zip(*origins)
+    # every start 0..16, every top 0..16 and left 0..32 is allowed; both ends are reached
+    assert min(starts) == 0 and max(starts) == 25 - 9
+    assert min(tops) == 0 and max(tops) == 48 - 32
+    assert min(lefts) == 0 and max(lefts) == 64 - 32
+    assert len(set(origins)) > 100  # not a handful of fixed crops
+    # the decoded frames are the consecutive frames from the start
+    clip = batches(position_dataset, spec, 1)[0][VIDEO][0]
+    grey = ((clip[0, :, 0, 0].float() + 1) * 127.5 / 4).round().tolist()
+    assert grey == [grey[0] + i for i in range(9)]
+
+
+def test_same_seed_same_stream_other_seed_other_crops(position_dataset: Path) -> None:
+    spec = ClipSpec(frames=9, height=32, width=32, hflip=True)
+    a = [b[VIDEO] for b in batches(position_dataset, spec, 6, seed=1)]
+    b = [b[VIDEO] for b in batches(position_dataset, spec, 6, seed=1)]
+    c = [b[VIDEO] for b in batches(position_dataset, spec, 6, seed=2)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+def test_validation_is_the_deterministic_centre(position_dataset: Path) -> None:
+    dm = EnergonVideoDataModule(
+        str(position_dataset), ClipSpec(frames=9, height=32, width=32), micro_batch_size=1, num_workers=0
+    )
+    assert dm.has_validation
+    clip = next(iter(dm.val_dataloader()))[VIDEO][0]
+    assert _origin(clip) == ((25 - 9) // 2, (48 - 32) // 2, (64 - 32) // 2)
+
+
+def test_resize_short_side_happens_while_decoding(position_dataset: Path) -> None:
+    (batch,) = batches(position_dataset, ClipSpec(frames=9, height=24, width=24, resize_short_side=24), 1)
+    assert batch[VIDEO].shape == (1, 3, 9, 24, 24)
+    u8 = (batch[VIDEO][0].float() + 1) * 127.5
+    # a 48x64 frame scaled to 24x32 doubles the ramps' slopes: neighbours differ by ~4 levels
+    assert float((u8[1, 0, 0, 1:] - u8[1, 0, 0, :-1]).mean()) == pytest.approx(4, abs=0.6)
+
+
+def test_aspect_buckets(tmp_path: Path) -> None:
+    spec = ClipSpec(frames=9, height=64, width=64, aspect_buckets=True)
+    assert spec.bucket_size("1:1") == (64, 64)
+    h, w = spec.bucket_size("16:9")
+    assert (h % 16, w % 16) == (0, 0) and abs(h * w - 64 * 64) <= 0.15 * 64 * 64 and w > h
+    assert nearest_bucket(1280, 720) == "16:9" and nearest_bucket(720, 1280) == "9:16"
+    assert nearest_bucket(640, 480) == "4:3" and nearest_bucket(100, 100) == "1:1"
+    wide, tall = encode_video(12, 72, 128, seed=1), encode_video(12, 128, 72, seed=2)
+    data = write_energon_dataset(tmp_path / "b", {f"w{i}": wide for i in range(3)} | {f"t{i}": tall for i in range(3)})
+    for batch in batches(data, spec, 6, micro_batch_size=2):
+        ratios = batch[ASPECT_RATIO].tolist()
+        assert len(set(ratios)) == 1  # one bucket per batch
+        assert batch[VIDEO].shape[-1] / batch[VIDEO].shape[-2] == pytest.approx(ratios[0])
+        assert ratios[0] > 1.5 if batch[KEYS][0].startswith("w") else ratios[0] < 0.67
+
+
+def test_unusable_videos_are_skipped_and_named(tmp_path: Path) -> None:
+    good = encode_video(20, 48, 64, seed=0)
+    data = write_energon_dataset(
+        tmp_path / "bad",
+        {
+            "good": good,
+            "corrupt": good[: len(good) // 3],
+            "short": encode_video(5, 48, 64),
+            "small": encode_video(20, 16, 16),
+            "noise": b"not a video" * 50,
+        },
+    )
+    skipped: list[str] = []
+    for batch in batches(data, ClipSpec(frames=9, height=32, width=32), 3):
+        assert batch[KEYS] == ["good"]
+        skipped += batch[SKIPPED]
+    for key, reason in (
+        ("corrupt", "unreadable"),
+        ("short", "5 frames, fewer than the 9"),
+        ("small", "16x16 are smaller than the 32x32 crop"),
+        ("noise", "unreadable"),
+    ):
+        assert any(s.startswith(f"train.tar:{key}: ") and reason in s for s in skipped), (key, skipped)

@@ -1,0 +1,125 @@
+"""Lightning data module over an energon dataset of ``<key>.mp4`` webdataset shards."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from megatron.energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_dataset
+
+from .task_encoder import ClipSpec, VideoClipTaskEncoder
+
+_STATE_KEY = "energon_loader_state"
+
+
+def dataset_splits(path: str | Path) -> set[str]:
+    """Split names (``train``, ``val``, ...) an energon dataset defines; empty if unprepared."""
+    split_file = Path(path) / ".nv-meta" / "split.yaml"
+    if not split_file.is_file():
+        return set()
+    import yaml
+
+    parts = (yaml.safe_load(split_file.read_text()) or {}).get("split_parts", {})
+    return {name for name, shards in parts.items() if shards}
+
+
+class _Stream:
+    """The endless energon train loader, presented to Lightning as one very long epoch.
+
+    With energon's own length, Lightning cuts "epochs" out of the stream and steps the
+    optimizer at each cut with a partial accumulation. With no length at all, Lightning
+    prefetches one batch beyond the one it trains on, and the saved loader state then skips
+    that batch on resume. A known, huge length avoids both.
+    """
+
+    LENGTH = 10**12
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Any:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return self.LENGTH
+
+
+class EnergonVideoDataModule(pl.LightningDataModule):
+    """Train and validation loaders over an energon dataset, on this process's data-parallel rank.
+
+    The train loader's position is saved in every checkpoint (for all ranks, gathered on
+    rank 0) and restored on resume, so a resumed run neither repeats nor skips samples.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        spec: ClipSpec,
+        micro_batch_size: int,
+        num_workers: int,
+        shuffle_buffer_size: int = 100,
+        max_samples_per_sequence: int = 100,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.path = str(path)
+        self.spec = spec
+        self.micro_batch_size = micro_batch_size
+        self.num_workers = num_workers
+        self.shuffle_buffer_size = shuffle_buffer_size
+        self.max_samples_per_sequence = max_samples_per_sequence
+        self.seed = seed
+        self._train_loader: Any = None
+        self._restore_state: Any = None
+
+    @property
+    def has_validation(self) -> bool:
+        return "val" in dataset_splits(self.path)
+
+    def _worker_config(self) -> WorkerConfig:
+        # Built here, after Lightning set up torch.distributed, so rank and world size are right.
+        config = WorkerConfig.default_worker_config(num_workers=self.num_workers)
+        config.seed_offset = self.seed
+        return config
+
+    def train_dataloader(self) -> Any:
+        if self._train_loader is None:
+            dataset = get_train_dataset(
+                self.path,
+                worker_config=self._worker_config(),
+                batch_size=self.micro_batch_size,
+                shuffle_buffer_size=self.shuffle_buffer_size,
+                max_samples_per_sequence=self.max_samples_per_sequence,
+                task_encoder=VideoClipTaskEncoder(self.spec),
+            )
+            self._train_loader = get_savable_loader(dataset)
+            if self._restore_state is not None:
+                self._train_loader.restore_state_global(self._restore_state)
+                self._restore_state = None
+        return _Stream(self._train_loader)
+
+    def val_dataloader(self) -> Any:
+        if not self.has_validation:
+            return []
+        spec = ClipSpec(**{**self.spec.__dict__, "random_crop": False, "hflip": False})
+        dataset = get_val_dataset(
+            self.path,
+            worker_config=self._worker_config(),
+            batch_size=self.micro_batch_size,
+            task_encoder=VideoClipTaskEncoder(spec),
+        )
+        return get_loader(dataset)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._train_loader is None:
+            return {}
+        # Every rank must take part in the gather; rank 0 gets all states and writes them.
+        state = self._train_loader.save_state_global(global_dst_rank=0)
+        # Pickled bytes: Lightning loads checkpoints with weights_only=True, which rejects the state objects.
+        return {_STATE_KEY: pickle.dumps(state)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if _STATE_KEY in state_dict:
+            self._restore_state = pickle.loads(state_dict[_STATE_KEY])

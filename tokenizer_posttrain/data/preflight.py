@@ -1,0 +1,114 @@
+"""Fast checks of a dataset before the first training step: fail before launch, not an hour in."""
+
+from __future__ import annotations
+
+import json
+import random
+import tarfile
+from pathlib import Path
+
+import yaml
+
+from .probe import VideoProbeError, clip_problems, probe_video
+
+VIDEO_SUFFIXES = (".mp4", ".mov", ".m4v", ".mkv", ".webm", ".avi")
+
+
+class DataError(ValueError):
+    """The dataset cannot serve the requested clips; the message names files and the fix."""
+
+
+def train_shards(path: str | Path) -> list[Path]:
+    """The train shards of a prepared energon dataset (clear error when it is not one)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise DataError(f"data.path={root} does not exist or is not a folder")
+    split_file = root / ".nv-meta" / "split.yaml"
+    if not split_file.is_file():
+        raise DataError(
+            f"data.path={root} is not a prepared energon dataset (no .nv-meta/split.yaml). Make one from a folder of "
+            f"videos with: python -m data_tools make-shards VIDEOS {root}"
+        )
+    parts = (yaml.safe_load(split_file.read_text()) or {}).get("split_parts", {})
+    shards = [root / name for name in parts.get("train", [])]
+    if not shards:
+        raise DataError(f"{split_file} lists no train shards; re-run python -m data_tools make-shards")
+    missing = [str(s) for s in shards if not s.is_file()]
+    if missing:
+        raise DataError(f"{root}: train shards listed in split.yaml are missing: {', '.join(missing[:5])}")
+    return shards
+
+
+def check_worker_share(path: str | Path, world_size: int, num_workers: int) -> int:
+    """Energon gives each loader worker of each rank a share of the train samples and cannot
+    repeat an empty share: there must be at least one sample per worker. Returns the count."""
+    root = Path(path)
+    info = json.loads((root / ".nv-meta" / ".info.json").read_text())
+    counts = info.get("shard_counts", {})
+    total = sum(counts.get(shard.name, 0) for shard in train_shards(root))
+    workers = world_size * max(1, num_workers)
+    if total < workers:
+        raise DataError(
+            f"data.path={root} has {total} training videos, fewer than the {workers} loader workers "
+            f"({world_size} process(es) x {max(1, num_workers)}): lower data.num_workers or add videos"
+        )
+    return total
+
+
+def _sample_members(shards: list[Path], count: int, seed: int) -> list[tuple[str, bytes]]:
+    """Up to ``count`` (name, bytes) video members spread over the shards, chosen by ``seed``."""
+    rng = random.Random(seed)
+    order = list(shards)
+    rng.shuffle(order)
+    picked: list[tuple[str, bytes]] = []
+    per_shard = max(1, -(-count // len(order)))
+    for shard in order:
+        with tarfile.open(shard) as tar:
+            members = [m for m in tar.getmembers() if m.isfile() and m.name.lower().endswith(VIDEO_SUFFIXES)]
+            for member in rng.sample(members, min(per_shard, len(members))):
+                picked.append((f"{shard.name}:{member.name}", tar.extractfile(member).read()))
+        if len(picked) >= count:
+            break
+    return picked[:count]
+
+
+def preflight(
+    path: str | Path,
+    frames: int,
+    height: int,
+    width: int,
+    resize_short_side: int | None,
+    samples: int,
+    max_skip_fraction: float,
+    seed: int = 0,
+) -> list[str]:
+    """Probe a sample of the train videos; raise :class:`DataError` when too many cannot give
+    a ``frames x height x width`` clip. Returns the problems found (to warn about)."""
+    shards = train_shards(path)
+    if samples <= 0:
+        return []
+    checked = _sample_members(shards, samples, seed)
+    if not checked:
+        raise DataError(
+            f"data.path={path}: the train shards hold no video files ({', '.join(s.name for s in shards[:3])})"
+        )
+    bad: list[str] = []
+    for name, data in checked:
+        try:
+            info = probe_video(data)
+        except VideoProbeError as err:
+            bad.append(f"{name}: {err}")
+            continue
+        errors = [
+            p for p in clip_problems(info, frames, max(height, width), resize_short_side) if p.severity == "error"
+        ]
+        bad.extend(f"{name}: {p.message}" for p in errors[:1])
+    if bad and len(bad) > max_skip_fraction * len(checked):
+        listing = "\n  ".join(bad[:10])
+        raise DataError(
+            f"{len(bad)} of {len(checked)} sampled training videos cannot give a {frames}x{height}x{width} clip "
+            f"(more than data.max_skip_fraction={max_skip_fraction}):\n  {listing}\n"
+            "Fix: choose fewer data.frames or a smaller crop (data.height/data.width), set data.resize_short_side, "
+            "or remove these files (python -m data_tools check lists every problem)."
+        )
+    return bad

@@ -1,0 +1,207 @@
+"""Energon TaskEncoder: from a raw ``<key>.mp4`` webdataset sample to a training clip.
+
+Decodes only the frames a clip needs (seeking by frame index), at a uniformly random
+start, optionally resized during decoding, randomly cropped and flipped, normalised to
+[-1, 1] and cast to bf16. Unusable videos are skipped, and the skip (key and reason)
+travels with the next batch so the trainer can count, log and bound them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from megatron.energon import (
+    Cooker,
+    DefaultTaskEncoder,
+    Sample,
+    SkipSample,
+    WorkerConfig,
+    basic_sample_keys,
+    edataclass,
+    stateless,
+)
+from megatron.energon.av import AVDecoder
+
+from .batch import ASPECT_RATIO, KEYS, LOSS_MASK, SKIPPED, VIDEO
+
+# Bucket name -> width / height. One pixel budget (crop_height x crop_width) for all.
+ASPECT_BUCKETS: dict[str, float] = {"1:1": 1.0, "4:3": 4 / 3, "3:4": 3 / 4, "16:9": 16 / 9, "9:16": 9 / 16}
+
+# What a damaged or odd file raises from PyAV/energon while we read it.
+_DECODE_ERRORS = (OSError, EOFError, ValueError, RuntimeError, AssertionError, IndexError, ZeroDivisionError)
+
+
+@dataclass(frozen=True)
+class ClipSpec:
+    """The clip every sample is turned into."""
+
+    frames: int = 33
+    height: int = 256
+    width: int = 256
+    resize_short_side: int | None = None
+    """Resize frames so their short side has this length before cropping (during decode)."""
+    hflip: bool = False
+    """Flip half of the clips horizontally."""
+    aspect_buckets: bool = False
+    """Crop each clip at the bucket (1:1, 4:3, 3:4, 16:9, 9:16) nearest its video's aspect ratio,
+    all at the pixel budget height x width; every batch holds one bucket."""
+    multiple_of: int = 16
+    """Bucket sides are rounded to this (the tokenizers' spatial compression)."""
+    random_crop: bool = True
+    """False: the middle frames and the centre crop (deterministic validation)."""
+
+    def bucket_size(self, name: str) -> tuple[int, int]:
+        """(height, width) of an aspect bucket at this spec's pixel budget."""
+        ratio = ASPECT_BUCKETS[name]
+        area = self.height * self.width
+        m = self.multiple_of
+        height = max(m, round(math.sqrt(area / ratio) / m) * m)
+        width = max(m, round(math.sqrt(area * ratio) / m) * m)
+        return height, width
+
+
+def nearest_bucket(width: int, height: int) -> str:
+    """The aspect bucket closest (in log ratio) to a ``width x height`` frame."""
+    ratio = math.log(width / height)
+    return min(ASPECT_BUCKETS, key=lambda name: abs(math.log(ASPECT_BUCKETS[name]) - ratio))
+
+
+@edataclass
+class RawVideo(Sample):
+    """A webdataset sample with its video still encoded (decoded lazily, frames on demand)."""
+
+    video: AVDecoder
+
+
+@edataclass
+class Clip(Sample):
+    video: torch.Tensor  # [3, T, H, W] bf16 in [-1, 1]
+    loss_mask: torch.Tensor  # [1, T, H, W] bf16
+    aspect_ratio: float
+    bucket: str
+    skipped: list[str]
+
+
+@stateless
+def cook_video(raw: dict[str, Any]) -> RawVideo:
+    """Crude webdataset sample -> :class:`RawVideo` (our shards store ``<key>.mp4``)."""
+    if "mp4" not in raw:
+        fields = sorted(k for k in raw if not k.startswith("__"))
+        raise SkipSample(f"sample {raw.get('__key__')} has no .mp4 member (has {fields})")
+    return RawVideo(**basic_sample_keys(raw), video=raw["mp4"])
+
+
+class VideoClipTaskEncoder(DefaultTaskEncoder[RawVideo, Clip, dict, dict]):
+    """Crops, normalises and batches clips; batches are plain dicts (see :mod:`.batch`)."""
+
+    cookers = [Cooker(cook_video)]
+
+    def __init__(self, spec: ClipSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self._skipped: list[str] = []  # per worker process; emptied into the next batch
+
+    def _target(self, width: int, height: int) -> tuple[str, int, int, int, int]:
+        """(bucket, crop h, crop w, decode w, decode h) for a ``width x height`` video."""
+        spec = self.spec
+        bucket = nearest_bucket(width, height) if spec.aspect_buckets else "fixed"
+        crop_h, crop_w = spec.bucket_size(bucket) if spec.aspect_buckets else (spec.height, spec.width)
+        scale = 1.0
+        if spec.resize_short_side:
+            scale = spec.resize_short_side / min(width, height)
+        if spec.aspect_buckets:  # scale so the frame covers the bucket's crop
+            scale = max(scale if spec.resize_short_side else 0.0, crop_h / height, crop_w / width)
+        if scale == 1.0:
+            return bucket, crop_h, crop_w, width, height
+        # even sizes: chroma subsampling in the scaler wants them
+        out_w = max(crop_w, 2 * math.ceil(width * scale / 2))
+        out_h = max(crop_h, 2 * math.ceil(height * scale / 2))
+        return bucket, crop_h, crop_w, out_w, out_h
+
+    def _skip(self, sample: RawVideo, reason: str) -> None:
+        sources = getattr(sample, "__sources__", None) or ()
+        where = f"{sources[0].shard_name}:{sample.__key__}" if sources else sample.__key__
+        self._skipped.append(f"{where}: {reason}")
+        raise SkipSample(reason)
+
+    def _rng(self) -> random.Random:
+        # Our own generator from (worker seed, sample index): deterministic under a seed and
+        # restorable on resume. (energon's restore_seeds caches the worker seed per process.)
+        worker = WorkerConfig.active_worker_config
+        seed = worker.worker_seed() if worker is not None else 0
+        return random.Random(f"{seed}/{self.current_sample_index}")
+
+    @stateless
+    def encode_sample(self, sample: RawVideo) -> Clip:
+        spec = self.spec
+        rng = self._rng()
+        try:
+            meta = sample.video.get_metadata(
+                get_video=True,
+                get_video_duration=False,
+                get_video_frame_count=True,
+                get_video_frame_size=True,
+                get_audio=False,
+                get_audio_duration=False,
+            )
+        except _DECODE_ERRORS as err:
+            self._skip(sample, f"unreadable video ({type(err).__name__}: {err})")
+        n_frames, width, height = meta.video_num_frames, meta.video_width, meta.video_height
+        if not n_frames or not width or not height:
+            self._skip(sample, "no video stream")
+        if n_frames < spec.frames:
+            self._skip(sample, f"{n_frames} frames, fewer than the {spec.frames} a clip needs")
+        bucket, crop_h, crop_w, out_w, out_h = self._target(width, height)
+        if out_w < crop_w or out_h < crop_h:
+            self._skip(sample, f"frames {out_w}x{out_h} are smaller than the {crop_w}x{crop_h} crop")
+
+        # Every valid start is reachable: randint is inclusive at both ends.
+        start = rng.randint(0, n_frames - spec.frames) if spec.random_crop else (n_frames - spec.frames) // 2
+        size = (out_w, out_h) if (out_w, out_h) != (width, height) else None
+        try:
+            clips, _ = sample.video.get_video_clips(
+                [(start, start + spec.frames - 1)], video_unit="frames", video_out_frame_size=size
+            )
+        except _DECODE_ERRORS as err:
+            self._skip(sample, f"decoding failed ({type(err).__name__}: {err})")
+        if not clips or clips[0].shape[0] < spec.frames:
+            got = clips[0].shape[0] if clips else 0
+            self._skip(sample, f"decoded {got} of {spec.frames} frames from {start} (truncated file?)")
+        frames = clips[0][: spec.frames]  # [T, 3, H, W] uint8
+
+        _, _, h, w = frames.shape
+        if spec.random_crop:
+            top, left = rng.randint(0, h - crop_h), rng.randint(0, w - crop_w)
+        else:
+            top, left = (h - crop_h) // 2, (w - crop_w) // 2
+        frames = frames[:, :, top : top + crop_h, left : left + crop_w]
+        if spec.hflip and rng.random() < 0.5:
+            frames = frames.flip(-1)
+        video = (frames.permute(1, 0, 2, 3).float() / 127.5 - 1.0).to(torch.bfloat16)
+        mask = torch.ones(1, spec.frames, crop_h, crop_w, dtype=torch.bfloat16)
+        skipped, self._skipped = self._skipped, []
+        return Clip.derive_from(
+            sample, video=video, loss_mask=mask, aspect_ratio=crop_w / crop_h, bucket=bucket, skipped=skipped
+        )
+
+    def batch_group_criterion(self, sample: Clip) -> tuple[str, None]:
+        # One bucket per batch; the batch size itself is the dataset's.
+        return sample.bucket, None
+
+    @stateless
+    def batch(self, samples: list[Clip]) -> dict[str, Any]:
+        return {
+            VIDEO: torch.stack([s.video for s in samples]),
+            LOSS_MASK: torch.stack([s.loss_mask for s in samples]),
+            ASPECT_RATIO: torch.tensor([s.aspect_ratio for s in samples]),
+            KEYS: [s.__key__ for s in samples],
+            SKIPPED: [reason for s in samples for reason in s.skipped],
+        }
+
+    @stateless
+    def encode_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return batch  # already a plain dict: Lightning cannot move energon's frozen Batch objects
