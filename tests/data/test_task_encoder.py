@@ -77,7 +77,7 @@ def _origin(clip: torch.Tensor) -> tuple[int, int, int]:
 def test_crops_are_uniformly_random_and_cover_the_clip(position_dataset: Path) -> None:
     spec = ClipSpec(frames=9, height=32, width=32)
     origins = [_origin(b[VIDEO][0]) for b in batches(position_dataset, spec, 120)]
-    starts, tops, lefts = zip(*origins)
+    starts, tops, lefts = zip(*origins, strict=False)
     # every start 0..16, every top 0..16 and left 0..32 is allowed; both ends are reached
     assert min(starts) == 0 and max(starts) == 25 - 9
     assert min(tops) == 0 and max(tops) == 48 - 32
@@ -94,8 +94,8 @@ def test_same_seed_same_stream_other_seed_other_crops(position_dataset: Path) ->
     a = [b[VIDEO] for b in batches(position_dataset, spec, 6, seed=1)]
     b = [b[VIDEO] for b in batches(position_dataset, spec, 6, seed=1)]
     c = [b[VIDEO] for b in batches(position_dataset, spec, 6, seed=2)]
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
-    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=False))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c, strict=False))
 
 
 def test_validation_is_the_deterministic_centre(position_dataset: Path) -> None:
