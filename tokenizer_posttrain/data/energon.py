@@ -78,9 +78,9 @@ class EnergonVideoDataModule(pl.LightningDataModule):
     def has_validation(self) -> bool:
         return "val" in dataset_splits(self.path)
 
-    def _worker_config(self) -> WorkerConfig:
+    def _worker_config(self, num_workers: int) -> WorkerConfig:
         # Built here, after Lightning set up torch.distributed, so rank and world size are right.
-        config = WorkerConfig.default_worker_config(num_workers=self.num_workers)
+        config = WorkerConfig.default_worker_config(num_workers=num_workers)
         config.seed_offset = self.seed
         return config
 
@@ -88,7 +88,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         if self._train_loader is None:
             dataset = get_train_dataset(
                 self.path,
-                worker_config=self._worker_config(),
+                worker_config=self._worker_config(self.num_workers),
                 batch_size=self.micro_batch_size,
                 shuffle_buffer_size=self.shuffle_buffer_size,
                 max_samples_per_sequence=self.max_samples_per_sequence,
@@ -106,7 +106,9 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         spec = ClipSpec(**{**self.spec.__dict__, "random_crop": False, "hflip": False})
         dataset = get_val_dataset(
             self.path,
-            worker_config=self._worker_config(),
+            # In the main process: validation reads a batch or two, and energon's worker processes
+            # take ~10 s to shut down after an unfinished pass.
+            worker_config=self._worker_config(0),
             batch_size=self.micro_batch_size,
             task_encoder=VideoClipTaskEncoder(spec),
         )

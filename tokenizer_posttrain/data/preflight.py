@@ -8,6 +8,7 @@ import tarfile
 from pathlib import Path
 
 import yaml
+from braceexpand import braceexpand
 
 from .probe import VideoProbeError, clip_problems, probe_video
 
@@ -30,7 +31,8 @@ def train_shards(path: str | Path) -> list[Path]:
             f"videos with: python -m data_tools make-shards VIDEOS {root}"
         )
     parts = (yaml.safe_load(split_file.read_text()) or {}).get("split_parts", {})
-    shards = [root / name for name in parts.get("train", [])]
+    # energon writes shard lists with brace ranges, e.g. "{000000..000009}.tar"
+    shards = [root / name for pattern in parts.get("train", []) for name in braceexpand(pattern)]
     if not shards:
         raise DataError(f"{split_file} lists no train shards; re-run python -m data_tools make-shards")
     missing = [str(s) for s in shards if not s.is_file()]
@@ -43,9 +45,9 @@ def check_worker_share(path: str | Path, world_size: int, num_workers: int) -> i
     """Energon gives each loader worker of each rank a share of the train samples and cannot
     repeat an empty share: there must be at least one sample per worker. Returns the count."""
     root = Path(path)
-    info = json.loads((root / ".nv-meta" / ".info.json").read_text())
-    counts = info.get("shard_counts", {})
-    total = sum(counts.get(shard.name, 0) for shard in train_shards(root))
+    shards = train_shards(root)
+    counts = json.loads((root / ".nv-meta" / ".info.json").read_text()).get("shard_counts", {})
+    total = sum(counts.get(shard.name, 0) for shard in shards)
     workers = world_size * max(1, num_workers)
     if total < workers:
         raise DataError(

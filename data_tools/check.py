@@ -1,0 +1,160 @@
+"""``check``: probe every sample of a dataset for a requested clip shape and report what is wrong."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from tokenizer_posttrain.data.probe import Problem, VideoProbeError, clip_problems, probe_video
+
+from .prepare import META, find_shards
+from .sources import find_videos, is_video
+
+EXAMPLES = 3  # offending names shown per problem code; the report has them all
+
+
+class NoSamples(Exception):
+    """DATA does not exist or holds no video samples (exit status 2)."""
+
+
+@dataclass
+class Findings:
+    """Every problem found, per sample, in reading order."""
+
+    samples: int = 0
+    problems: list[tuple[str, Problem]] = field(default_factory=list)
+
+    def bad_samples(self, severity: str) -> set[str]:
+        """Names of the samples with at least one problem of ``severity``."""
+        return {name for name, p in self.problems if p.severity == severity}
+
+
+def _samples_in_tars(root: Path, shards: list[str]) -> Iterator[tuple[str, BinaryIO]]:
+    for shard in shards:
+        with tarfile.open(root / shard) as tar:
+            for member in tar:
+                if member.isfile() and is_video(Path(member.name)):
+                    f = tar.extractfile(member)
+                    if f is not None:
+                        yield f"{shard}:{member.name}", f
+
+
+@contextmanager
+def _open_samples(data: Path) -> Iterator[tuple[Iterator[tuple[str, BinaryIO]], int | None]]:
+    """(name, seekable file) for every video sample under ``data``, plus the count when known cheaply."""
+    if not data.exists():
+        raise NoSamples(f"{data} does not exist")
+    if data.is_file():
+        if data.suffix == ".tar":
+            yield _samples_in_tars(data.parent, [data.name]), None
+        elif is_video(data):
+            yield _files([data], data.parent), 1
+        else:
+            raise NoSamples(f"{data} is neither a folder, a .tar shard nor a video file")
+        return
+    shards = find_shards(data)
+    if shards:
+        yield _samples_in_tars(data, shards), _indexed_count(data)
+        return
+    videos = find_videos(data)
+    if not videos:
+        raise NoSamples(f"{data} holds no .tar shards and no video files (.mp4 .mov .m4v .mkv .webm .avi)")
+    yield _files(videos, data), len(videos)
+
+
+def _files(paths: list[Path], root: Path) -> Iterator[tuple[str, BinaryIO]]:
+    for path in paths:
+        with open(path, "rb") as f:
+            yield path.relative_to(root).as_posix(), f
+
+
+def _indexed_count(root: Path) -> int | None:
+    try:
+        return sum(json.loads((root / META / ".info.json").read_text())["shard_counts"].values())
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _sha1(f: BinaryIO) -> str:
+    digest = hashlib.sha1()
+    while chunk := f.read(1 << 20):
+        digest.update(chunk)
+    f.seek(0)
+    return digest.hexdigest()
+
+
+def check_dataset(data: Path, frames: int, crop: int, resize_short_side: int | None = None) -> Findings:
+    """Probe every sample of ``data`` (tar shards or a folder of videos) and collect its problems.
+
+    Raises :class:`NoSamples` when ``data`` is missing or holds no video.
+    """
+    found = Findings()
+    first_seen: dict[str, str] = {}
+    with _open_samples(data) as (samples, total):
+        for name, f in tqdm(samples, total=total, unit="video", desc="checking", disable=None, file=sys.stderr):
+            found.samples += 1
+            sha1 = _sha1(f)
+            if sha1 in first_seen:
+                found.problems.append(
+                    (
+                        name,
+                        Problem(
+                            "warning",
+                            "duplicate",
+                            f"same bytes as {first_seen[sha1]}; remove one copy (duplicates over-weight a clip "
+                            "and can leak between train and val)",
+                        ),
+                    )
+                )
+            else:
+                first_seen[sha1] = name
+            try:
+                info = probe_video(f)
+            except VideoProbeError as err:
+                found.problems.append((name, err.problem()))
+                continue
+            found.problems.extend((name, p) for p in clip_problems(info, frames, crop, resize_short_side))
+    if found.samples == 0:
+        raise NoSamples(f"{data} holds no video samples (tar members ending in .mp4 .mov .m4v .mkv .webm .avi)")
+    return found
+
+
+def write_report(found: Findings, path: Path) -> None:
+    """One json line per problem: sample, severity, code, message."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for name, p in found.problems:
+            f.write(json.dumps({"sample": name, "severity": p.severity, "code": p.code, "message": p.message}) + "\n")
+
+
+def print_summary(found: Findings, console: Console, report: Path) -> None:
+    """A table of problem codes (count, severity, first offenders) and the usable total."""
+    by_code: dict[str, list[tuple[str, Problem]]] = {}
+    for name, p in found.problems:
+        by_code.setdefault(p.code, []).append((name, p))
+    if by_code:
+        table = Table(title="Problems per code")
+        for column in ("code", "severity", "samples", f"first {EXAMPLES}", "example message"):
+            table.add_column(column, overflow="fold")
+        order = sorted(by_code.items(), key=lambda kv: (kv[1][0][1].severity != "error", kv[0]))
+        for code, hits in order:
+            names = "\n".join(name for name, _ in hits[:EXAMPLES])
+            style = "red" if hits[0][1].severity == "error" else "yellow"
+            table.add_row(code, f"[{style}]{hits[0][1].severity}[/]", str(len(hits)), names, hits[0][1].message)
+        console.print(table)
+    errors, warnings = found.bad_samples("error"), found.bad_samples("warning")
+    console.print(
+        f"samples: {found.samples} total, {found.samples - len(errors)} usable, {len(errors)} with errors, "
+        f"{len(warnings - errors)} with warnings only; all problems are in {report}"
+    )

@@ -1,0 +1,169 @@
+"""probe_video on small real files of each container/codec, and clip_problems' verdicts."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from tests.videos import bigbuckbunny, encode_video, write_video
+from tokenizer_posttrain.data.probe import Problem, VideoInfo, VideoProbeError, clip_problems, probe_video
+
+
+def audio_only_mp4() -> bytes:
+    """An mp4 with one AAC stream and no video."""
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        stream = out.add_stream("aac", rate=16000)
+        for i in range(4):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, i * 1024
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("codec", "container", "name"),
+    [
+        ("libx264", "mp4", "h264"),
+        ("libx264", "matroska", "h264"),  # mkv stores no frame count: packets are counted
+        ("libvpx-vp9", "webm", "vp9"),
+        ("mpeg4", "avi", "mpeg4"),
+        ("libx264", "mov", "h264"),
+    ],
+)
+@pytest.mark.parametrize(("fps", "height", "width"), [(10, 64, 96), (24, 144, 256), (30, 96, 64)])
+def test_probe_values(codec: str, container: str, name: str, fps: int, height: int, width: int) -> None:
+    data = encode_video(17, height, width, fps=fps, codec=codec, container=container)
+    info = probe_video(data)
+    assert info == VideoInfo(
+        frames=17, fps=pytest.approx(fps), width=width, height=height, duration=pytest.approx(17 / fps, abs=0.05),
+        codec=name, variable_fps=False,
+    )  # fmt: skip
+
+
+def test_probe_path_bytes_and_file_agree(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "clip.mkv", 12, 64, 96, fps=24)
+    with open(path, "rb") as f:
+        from_file = probe_video(f)
+    assert probe_video(path) == probe_video(str(path)) == probe_video(path.read_bytes()) == from_file
+
+
+def test_probe_ntsc_rate() -> None:
+    info = probe_video(encode_video(12, 64, 96, fps=30000 / 1001))
+    assert info.fps == pytest.approx(29.97, abs=1e-3)
+    assert not info.variable_fps
+
+
+def test_probe_real_footage() -> None:
+    info = probe_video(bigbuckbunny())
+    assert (info.frames, info.fps, info.width, info.height, info.codec) == (132, 25.0, 1280, 720, "h264")
+    assert info.duration == pytest.approx(5.28)
+    assert not info.variable_fps
+
+
+@pytest.mark.parametrize("container", ["mp4", "matroska"])
+def test_probe_variable_fps(container: str) -> None:
+    info = probe_video(encode_video(20, 64, 96, fps=30, container=container, pts_steps=[33, 33, 100, 17]))
+    assert info.variable_fps
+    assert info.frames == 20
+    assert info.fps == pytest.approx(20 / info.duration, rel=0.1)  # the average, not the nominal 30
+
+
+def test_probe_millisecond_rounding_is_not_vfr() -> None:
+    # mkv stores 1/120 s steps as 8 or 9 ms: that jitter must not read as variable frame rate
+    assert not probe_video(encode_video(30, 64, 96, fps=120, container="matroska")).variable_fps
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"this is not a video" * 50, encode_video(20, 64, 96)[:2000], encode_video(20, 64, 96)[:-100]],
+    ids=["empty", "text", "truncated_head", "truncated_index"],
+)
+def test_probe_unreadable(data: bytes) -> None:
+    with pytest.raises(VideoProbeError, match=r"^unreadable \(") as err:
+        probe_video(data)
+    assert err.value.code == "unreadable"
+    problem = err.value.problem()
+    assert (problem.severity, problem.code) == ("error", "unreadable")
+
+
+def test_probe_truncated_mkv_counts_what_is_left() -> None:
+    data = encode_video(30, 64, 96, container="matroska")
+    info = probe_video(data[: len(data) // 2])
+    assert 0 < info.frames < 30
+
+
+def test_probe_no_video_stream() -> None:
+    with pytest.raises(VideoProbeError, match="no video stream") as err:
+        probe_video(audio_only_mp4())
+    assert err.value.code == "no_video_stream"
+
+
+def test_probe_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(VideoProbeError, match="unreadable"):
+        probe_video(tmp_path / "missing.mp4")
+
+
+def _info(**kw: object) -> VideoInfo:
+    base = dict(frames=100, fps=24.0, width=1280, height=720, duration=100 / 24, codec="h264", variable_fps=False)
+    return VideoInfo(**{**base, **kw})
+
+
+def _codes(problems: list[Problem]) -> dict[str, str]:
+    return {p.code: p.severity for p in problems}
+
+
+def test_clip_problems_clean() -> None:
+    assert clip_problems(_info(), frames=33, crop=256) == []
+    assert clip_problems(_info(fps=29.97), 33, 256) == []
+    assert clip_problems(_info(fps=30000 / 1001, width=1080, height=1920), 33, 256) == []
+
+
+def test_clip_problems_too_few_frames() -> None:
+    problems = clip_problems(_info(frames=20), frames=33, crop=256)
+    assert _codes(problems) == {"too_few_frames": "error"}
+    assert "20" in problems[0].message and "33" in problems[0].message
+    assert clip_problems(_info(frames=33), frames=33, crop=256) == []
+
+
+def test_clip_problems_too_small_and_resize() -> None:
+    small = _info(width=480, height=270)
+    assert _codes(clip_problems(small, 33, 256)) == {"low_resolution": "warning"}
+    problems = clip_problems(small, 33, 300)
+    assert _codes(problems) == {"too_small": "error", "low_resolution": "warning"}
+    assert "480x270" in problems[0].message and "300x300" in problems[0].message
+    # resizing the short side to 320 makes the frame 569x320: big enough for a 300 crop
+    assert _codes(clip_problems(small, 33, 300, resize_short_side=320)) == {"low_resolution": "warning"}
+    # resizing a 720p frame down to 128 makes it too small for 256
+    problems = clip_problems(_info(), 33, 256, resize_short_side=128)
+    assert _codes(problems) == {"too_small": "error"}
+    assert "228x128" in problems[0].message
+
+
+def test_clip_problems_warnings() -> None:
+    assert _codes(clip_problems(_info(width=960, height=540), 33, 256)) == {"low_resolution": "warning"}
+    problems = clip_problems(_info(width=640, height=360), 33, 256)
+    assert "720p is the recommended minimum" in problems[0].message
+    assert _codes(clip_problems(_info(variable_fps=True), 33, 256)) == {"variable_fps": "warning"}
+    for fps in (5.0, 15.0, 27.0, 240.0):
+        assert _codes(clip_problems(_info(fps=fps), 33, 256)) == {"odd_fps": "warning"}, fps
+    for fps in (23.976, 24.0, 25.0, 50.0, 59.94, 60.0, 100.0, 120.0):
+        assert clip_problems(_info(fps=fps), 33, 256) == [], fps
+
+
+def test_clip_problems_several_at_once() -> None:
+    info = _info(frames=5, width=96, height=64, fps=10.0, variable_fps=True)
+    assert _codes(clip_problems(info, 33, 256)) == {
+        "too_few_frames": "error",
+        "too_small": "error",
+        "low_resolution": "warning",
+        "variable_fps": "warning",
+        "odd_fps": "warning",
+    }

@@ -1,0 +1,147 @@
+"""Training on real video shards made by data_tools, through the real command lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, read_metrics, run_cli
+from tests.videos import bigbuckbunny, write_video
+
+TINY = [
+    "--factory",
+    "tiny",
+    "data.num_workers=2",
+    "data.global_batch_size=2",
+    "data.micro_batch_size=1",
+    "trainer.val_check_interval=4",
+    "log.export_on_end=false",
+]
+
+
+def make_shards(src: Path, out: Path, *args: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "data_tools", "make-shards", str(src), str(out), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def video_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("videos")
+    for i in range(10):
+        write_video(src / f"cam{i % 2}" / f"clip{i}.mp4", 24 + 2 * i, 64, 96, fps=(10, 24, 30)[i % 3], seed=i)
+    out = tmp_path_factory.mktemp("shards")
+    make_shards(src, out, "--shard-size", "20000", "--val-fraction", "0.2")
+    return out
+
+
+def trace(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "samples" / "rank0.jsonl").read_text().splitlines()]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {int(r["step"]): float(r["train/loss"]) for r in read_metrics(run_dir) if r.get("train/loss")}
+
+
+def test_resumed_run_continues_the_data_stream(video_dataset: Path, tmp_path: Path) -> None:
+    data = f"data.path={video_dataset}"
+    whole = run_cli(*TINY, data, "trainer.max_steps=12", f"log.log_dir={tmp_path / 'a'}", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    first = run_cli(*TINY, data, "trainer.max_steps=6", f"log.log_dir={tmp_path / 'b'}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_cli(*TINY, data, "trainer.max_steps=12", f"log.log_dir={tmp_path / 'b'}", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "Resuming from" in second.stdout
+
+    a, b = trace(tmp_path / "a" / "tiny_cv8x8x8"), trace(tmp_path / "b" / "tiny_cv8x8x8")
+    assert len(a) == len(b) == 24  # 12 steps x 2 micro-batches: nothing repeated, nothing skipped
+    assert a == b  # the same clips in the same order at the same steps
+    assert len({k for rec in a for k in rec["keys"]}) >= 5  # it really reads many videos
+    la, lb = losses(tmp_path / "a" / "tiny_cv8x8x8"), losses(tmp_path / "b" / "tiny_cv8x8x8")
+    for step in range(6, 12):  # and the resumed run trains exactly like the uninterrupted one
+        assert lb[step] == pytest.approx(la[step], rel=1e-4), (step, la, lb)
+    assert any(r.get("val/psnr") for r in read_metrics(tmp_path / "a" / "tiny_cv8x8x8"))
+
+
+def test_preflight_refuses_clips_the_videos_cannot_give(video_dataset: Path, tmp_path: Path) -> None:
+    result = run_cli(
+        *TINY,
+        f"data.path={video_dataset}",
+        "data.frames=49",
+        "trainer.max_steps=2",
+        f"log.log_dir={tmp_path}",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "cannot give a 49x64x64 clip" in result.stderr and "fewer" in result.stderr
+    assert ".tar:" in result.stderr  # names the files
+    assert "Fix:" in result.stderr
+    assert not (tmp_path / "tiny_cv8x8x8" / "checkpoints").exists()
+
+
+def test_not_a_dataset_is_explained(tmp_path: Path) -> None:
+    result = run_cli(
+        *TINY, f"data.path={tmp_path}", "trainer.max_steps=2", f"log.log_dir={tmp_path}", cwd=tmp_path, timeout=120
+    )
+    assert result.returncode != 0
+    assert "is not a prepared energon dataset" in result.stderr and "make-shards" in result.stderr
+
+
+def test_too_many_bad_videos_stop_the_run_with_their_names(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    for i in range(4):
+        write_video(src / f"good{i}.mp4", 20, 64, 64, seed=i)
+        write_video(src / f"short{i}.mp4", 4, 64, 64, seed=i)  # packs fine, but cannot give a 17-frame clip
+    make_shards(src, tmp_path / "data", "--val-fraction", "0")
+    result = run_cli(
+        *TINY,
+        f"data.path={tmp_path / 'data'}",
+        "data.preflight_samples=0",
+        "data.num_workers=0",
+        "data.max_skip_fraction=0.2",
+        "trainer.max_steps=40",
+        f"log.log_dir={tmp_path}",
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode != 0
+    assert "were unusable, more than data.max_skip_fraction=0.2" in result.stderr
+    assert "short" in result.stderr and "fewer than the 17 a clip needs" in result.stderr
+    assert "skipped video" in result.stdout  # each skip is logged as it happens
+
+
+def test_bigbuckbunny_trains(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(bigbuckbunny(), src / "bigbuckbunny.mp4")
+    make_shards(src, tmp_path / "data", "--val-fraction", "0")
+    result = run_cli(
+        "--factory",
+        "tiny",
+        f"data.path={tmp_path / 'data'}",
+        "data.num_workers=0",
+        "data.resize_short_side=128",
+        "data.frames=17",
+        "trainer.max_steps=3",
+        "log.export_on_end=false",
+        f"log.log_dir={tmp_path}",
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    keys = {k for rec in trace(tmp_path / "tiny_cv8x8x8") for k in rec["keys"]}
+    assert len(keys) == 1 and "bigbuckbunny" in keys.pop()
+    assert "no val split: validation is off" in result.stderr
