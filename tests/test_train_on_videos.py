@@ -145,3 +145,42 @@ def test_bigbuckbunny_trains(tmp_path: Path) -> None:
     keys = {k for rec in trace(tmp_path / "tiny_cv8x8x8") for k in rec["keys"]}
     assert len(keys) == 1 and "bigbuckbunny" in keys.pop()
     assert "no val split: validation is off" in result.stderr
+
+
+def test_two_ranks_read_disjoint_shares_and_save_both_states(video_dataset: Path, tmp_path: Path) -> None:
+    import pickle
+
+    import torch
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "train_tokenizer.py"),
+        "--yes",
+        *TINY,
+        f"data.path={video_dataset}",
+        "data.num_workers=1",
+        "data.global_batch_size=2",
+        "trainer.max_steps=3",
+        f"log.log_dir={tmp_path}",
+    ]
+    result = subprocess.run(
+        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "tiny_cv8x8x8"
+    keys = [
+        {
+            k
+            for line in (run_dir / "samples" / f"rank{r}.jsonl").read_text().splitlines()
+            for k in json.loads(line)["keys"]
+        }
+        for r in (0, 1)
+    ]
+    assert keys[0] and keys[1] and not keys[0] & keys[1]  # energon splits the data over the ranks
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    (datamodule_state,) = [v for k, v in ckpt.items() if "DataModule" in k]
+    assert len(pickle.loads(datamodule_state["energon_loader_state"])) == 2  # both ranks' loader positions
