@@ -13,8 +13,11 @@ import nemo_run as run
 from tokenizer_posttrain.config import (
     DataConfig,
     LogConfig,
+    LoRAConfig,
+    LossConfig,
     ModelConfig,
     OptimConfig,
+    PerceptualConfig,
     ResumeConfig,
     TrainerConfig,
 )
@@ -22,7 +25,14 @@ from tokenizer_posttrain.train import train
 
 
 def model(name: str, jit_ckpt_pth: Optional[str] = None, channels: Optional[int] = None) -> run.Config[ModelConfig]:
-    return run.Config(ModelConfig, model=name, jit_ckpt_pth=jit_ckpt_pth, channels=channels)
+    return run.Config(
+        ModelConfig, model=name, jit_ckpt_pth=jit_ckpt_pth, channels=channels, lora=run.Config(LoRAConfig)
+    )
+
+
+def loss(perceptual_weight: float = 0.1) -> run.Config[LossConfig]:
+    """L1 + VGG16 perceptual loss (weight 0.1 as in the Cosmos recipe; 0 needs no VGG16 file)."""
+    return run.Config(LossConfig, perceptual_weight=perceptual_weight, perceptual=run.Config(PerceptualConfig))
 
 
 def data(
@@ -56,6 +66,7 @@ def posttrain_recipe(
     name: str,
     data_cfg: Optional[run.Config[DataConfig]] = None,
     trainer_cfg: Optional[run.Config[TrainerConfig]] = None,
+    loss_cfg: Optional[run.Config[LossConfig]] = None,
     log_dir: str = "outputs",
 ) -> run.Partial:
     """The full training task; every field stays overridable on the command line."""
@@ -67,4 +78,5 @@ def posttrain_recipe(
         optim=run.Config(OptimConfig),
         resume=run.Config(ResumeConfig),
         log=run.Config(LogConfig, log_dir=log_dir, name=name),
+        loss=loss_cfg or loss(),
     )

@@ -62,31 +62,64 @@ class PreemptionCheckpoint(pl.Callback):
                 )
 
 
-class LossSummary(pl.Callback):
-    """Prints how the training loss moved over this run (first vs last steps) when it ends."""
+class RunSummary(pl.Callback):
+    """Keeps the loss and validation history of this run; at the end prints a summary and
+    draws ``loss_curve.png``."""
 
-    def __init__(self, window: int = 5) -> None:
-        self.window = window
-        self.losses: list = []
+    def __init__(self) -> None:
+        self.losses: list[tuple[int, Any]] = []
+        self.val_psnr: list[tuple[int, float]] = []
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         loss = trainer.callback_metrics.get("train/loss")
         if loss is not None:
-            self.losses.append(loss.detach().clone())  # no .item(): no GPU sync per step
+            self.losses.append((trainer.global_step, loss.detach().clone()))  # no .item(): no GPU sync per step
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero or len(self.losses) < 2:
-            return
-        values = [float(v) for v in self.losses]
-        n = min(self.window, len(values) // 2)
-        first, last = sum(values[:n]) / n, sum(values[-n:]) / n
-        print(
-            f"train/loss over this run: {first:.4f} (mean of first {n} steps) -> {last:.4f} "
-            f"(mean of last {n}); {trainer.global_step} steps done",
-            flush=True,
-        )
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        psnr = trainer.callback_metrics.get("val/psnr")
+        if psnr is not None and not trainer.sanity_checking:
+            self.val_psnr.append((trainer.global_step, float(psnr)))
+
+    def report(self, run_dir: Path, steps: int, seconds: float, ckpt_dir: Path, export_dir: Path | None) -> None:
+        """Print the summary (and write the loss curve) of a finished run."""
+        lines = [f"Run finished: {steps} steps in {seconds / 60:.1f} min"]
+        values = [(s, float(v)) for s, v in self.losses]
+        if len(values) >= 2:
+            n = min(5, len(values) // 2)
+            first, last = (sum(v for _, v in part) / n for part in (values[:n], values[-n:]))
+            lines.append(
+                f"train/loss over this run: {first:.4f} (mean of first {n} steps) -> {last:.4f} (mean of last {n})"
+            )
+            lines.append(f"loss curve: {self._plot(run_dir / 'loss_curve.png', values)}")
+        if self.val_psnr:
+            step, best = max(self.val_psnr, key=lambda item: item[1])
+            lines.append(f"best val/psnr: {best:.2f} dB at step {step}")
+        lines.append(f"checkpoints: {ckpt_dir}")
+        if export_dir is not None:
+            lines.append(f"export (encoder.jit, decoder.jit, autoencoder.jit): {export_dir}")
+        print("\n".join(lines), flush=True)
+
+    def _plot(self, path: Path, values: list[tuple[int, float]]) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot([s for s, _ in values], [v for _, v in values], lw=1, label="train/loss")
+        if self.val_psnr:
+            twin = ax.twinx()
+            twin.plot(*zip(*self.val_psnr, strict=True), "o-", color="tab:orange", label="val/psnr")
+            twin.set_ylabel("val PSNR (dB)")
+        ax.set_xlabel("step")
+        ax.set_ylabel("train loss")
+        ax.set_yscale("log")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
 
 
 class SkippedSamples(pl.Callback):

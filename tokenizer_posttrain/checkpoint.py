@@ -86,7 +86,20 @@ def _read_lightning(path: Path) -> _Weights:
             f"{path} holds no tokenizer weights (no keys starting with "
             f"{LIGHTNING_PREFIX!r}); was it written by tokenizer-posttrain?"
         )
+    lora = ((ckpt.get("hyper_parameters") or {}).get("model") or {}).get("lora") or {}
+    if any(".lora_" in k for k in state):
+        _fold_lora(state, lora["alpha"] / lora["rank"])
     return _Weights(state, str(path), _config_from_dict(ckpt.get(CONFIG_KEY), path))
+
+
+def _fold_lora(state: dict[str, Tensor], scale: float) -> None:
+    """Fold LoRA adapters of a training checkpoint into their conv weights (up is 1x1x1)."""
+    for key in [k for k in state if k.endswith(".lora_down.weight")]:
+        base = key[: -len(".lora_down.weight")]
+        down, up = state.pop(key).float(), state.pop(f"{base}.lora_up.weight").float()
+        weight = state[f"{base}.weight"]
+        delta = torch.einsum("or,r...->o...", up.flatten(1), down)
+        state[f"{base}.weight"] = (weight.float() + scale * delta).to(weight.dtype)
 
 
 def _config_from_dict(data: dict[str, Any] | None, where: Path) -> TokenizerConfig | None:

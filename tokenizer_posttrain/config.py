@@ -5,7 +5,7 @@ Each dataclass is one override group on the command line (``model.*``, ``data.*`
 so a bad value fails before any work starts, with the key named.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 _PRECISIONS = ("bf16-mixed", "bf16-true", "32-true", "32", "16-mixed")
@@ -14,6 +14,28 @@ _PRECISIONS = ("bf16-mixed", "bf16-true", "32-true", "32", "16-mixed")
 def _require(ok: bool, key: str, value: object, what: str) -> None:
     if not ok:
         raise ValueError(f"invalid {key}={value!r}: {what}")
+
+
+_TRAINABLE = ("all", "decoder", "encoder")
+_SCHEDULES = ("constant", "cosine", "linear")
+
+
+@dataclass
+class LoRAConfig:
+    """Low-rank adapters on the convolutions (merged into the weights at export)."""
+
+    rank: int = 0
+    """Adapter rank; 0 = no LoRA (train the weights themselves)."""
+    alpha: float = 16.0
+    """Scale: adapters add (alpha / rank) * up(down(x))."""
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: ["*"])
+    """fnmatch patterns of convolution module names, e.g. ['decoder.*'] or ['*.attn_1.*']."""
+
+    def __post_init__(self) -> None:
+        _require(self.rank >= 0, "model.lora.rank", self.rank, "must be >= 0")
+        _require(0 <= self.dropout < 1, "model.lora.dropout", self.dropout, "must be in [0, 1)")
+        _require(bool(self.targets), "model.lora.targets", self.targets, "give at least one pattern")
 
 
 @dataclass
@@ -28,11 +50,23 @@ class ModelConfig:
     .safetensors, .ckpt). None trains from random weights (with a warning)."""
     channels: Optional[int] = None
     """Base width override; 16 gives the tiny models used on CPUs and in tests."""
+    trainable: str = "all"
+    """all | decoder | encoder. 'decoder' keeps the latent space (and the tokens) unchanged, so
+    diffusion or autoregressive models trained on the original tokenizer stay valid."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA adapters (model.lora.rank > 0 turns them on; only adapters then train)."""
+    ema_decay: Optional[float] = None
+    """Keep an exponential moving average of the weights with this decay (e.g. 0.999); it is
+    used for validation and export."""
 
     def __post_init__(self) -> None:
         from .registry import resolve_name
 
         resolve_name(self.model)
+        _require(self.trainable in _TRAINABLE, "model.trainable", self.trainable, f"use one of {', '.join(_TRAINABLE)}")
+        _require(
+            self.ema_decay is None or 0 < self.ema_decay < 1, "model.ema_decay", self.ema_decay, "must be in (0, 1)"
+        )
         _require(
             self.channels is None or self.channels > 0, "model.channels", self.channels, "must be a positive integer"
         )
@@ -120,8 +154,11 @@ class TrainerConfig:
     checkpoint_keep: int = 3
     """Step checkpoints kept, newest first (last.ckpt is kept in addition)."""
     seed: int = 1234
+    max_bad_steps: int = 10
+    """Steps with a NaN/Inf loss or gradient are skipped; this many in a row stop the run."""
 
     def __post_init__(self) -> None:
+        _require(self.max_bad_steps > 0, "trainer.max_bad_steps", self.max_bad_steps, "must be positive")
         _require(
             self.devices == "auto" or (self.devices.isdigit() and int(self.devices) > 0),
             "trainer.devices",
@@ -162,13 +199,57 @@ class OptimConfig:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     weight_decay: float = 0.01
+    lr_groups: Optional[dict[str, float]] = None
+    """Learning rate per parameter-name prefix, e.g. {'decoder.': 1e-4, 'encoder.': 1e-5}; the
+    longest matching prefix wins, other parameters use optim.lr."""
+    schedule: str = "constant"
+    """After warmup: constant | cosine | linear (decaying to min_lr_ratio x lr at trainer.max_steps)."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 over this many optimizer steps."""
+    min_lr_ratio: float = 0.0
+    """Final learning rate of the cosine/linear decay, as a fraction of each group's lr."""
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "optim.lr", self.lr, "must be positive")
+        _require(self.schedule in _SCHEDULES, "optim.schedule", self.schedule, f"use one of {', '.join(_SCHEDULES)}")
+        _require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
+        _require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        for prefix, lr in (self.lr_groups or {}).items():
+            _require(lr > 0, f"optim.lr_groups[{prefix!r}]", lr, "must be positive")
         for key in ("adam_beta1", "adam_beta2"):
             value = getattr(self, key)
             _require(0 <= value < 1, f"optim.{key}", value, "must be in [0, 1)")
         _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+
+
+@dataclass
+class PerceptualConfig:
+    """Where the VGG16 weights of the perceptual loss come from, and memory use."""
+
+    weights_path: Optional[str] = None
+    """torchvision's ImageNet VGG16 file (vgg16-397923af.pth); None looks in the torch hub cache."""
+    frame_chunk: Optional[int] = None
+    """Run the VGG over at most this many frames at once (saves memory, same result)."""
+
+
+@dataclass
+class LossConfig:
+    """L1 reconstruction plus the perceptual loss of the Cosmos post-training recipe."""
+
+    l1_weight: float = 1.0
+    perceptual_weight: float = 0.1
+    """VGG16 feature L1 (relu1_2..relu5_3, LPIPS input scaling); 0 turns it off and needs no weights."""
+    perceptual: PerceptualConfig = field(default_factory=PerceptualConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.l1_weight >= 0, "loss.l1_weight", self.l1_weight, "must be >= 0")
+        _require(self.perceptual_weight >= 0, "loss.perceptual_weight", self.perceptual_weight, "must be >= 0")
+        _require(
+            self.l1_weight + self.perceptual_weight > 0,
+            "loss.l1_weight",
+            self.l1_weight,
+            "some loss term must have a positive weight",
+        )
 
 
 @dataclass

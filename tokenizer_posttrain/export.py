@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .checkpoint import CONFIG_JSON, CONFIG_KEY, JIT_AUTOENCODER, JIT_DECODER, JIT_ENCODER, SAFETENSORS
+from .lora import merge_lora
 from .network import AutoencoderLayout, CausalVideoTokenizer, DecoderLayout, EncoderLayout
 
 
@@ -43,12 +44,13 @@ def export_tokenizer(
     """Write ``encoder.jit``, ``decoder.jit``, ``autoencoder.jit``, ``model.safetensors`` and
     ``config.json`` for ``network`` into ``out_dir``; returns ``out_dir``.
 
-    The network is copied to the CPU in eval mode, cast to ``dtype`` and traced (the
+    The network is copied to the CPU in eval mode, LoRA adapters merged, cast to ``dtype`` and traced (the
     official files are bf16; fp32, the default, keeps every bit of the trained weights).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     net = copy.deepcopy(network).to("cpu", dtype).eval()
+    merge_lora(net)  # adapters fold into the weights: the files need nothing extra
     cfg = net.config
     frames = 1 + cfg.temporal_compression
     size = 2 * cfg.spatial_compression

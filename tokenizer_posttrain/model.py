@@ -1,47 +1,61 @@
-"""The LightningModule: step logic only. Networks, checkpoint I/O and data live elsewhere."""
+"""The LightningModule: step logic only. Networks, losses, checkpoint I/O and data live elsewhere."""
 
 from __future__ import annotations
 
 import time
 import warnings
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
-from torchmetrics.functional.image import peak_signal_noise_ratio
 
 from .checkpoint import CONFIG_KEY, load_tokenizer
-from .config import ModelConfig, OptimConfig
+from .config import LossConfig, ModelConfig, OptimConfig
 from .data.batch import LOSS_MASK, VIDEO
+from .losses import build_perceptual_loss
+from .media import side_by_side_frames, write_mp4
+from .metrics import masked_l1, video_psnr, video_ssim
 from .network import CausalVideoTokenizer, build_tokenizer
+from .optim import build_optimizer
+from .trainable import configure_trainable
 
 
-def masked_l1(reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
-    """Mean absolute error over the pixels where ``mask`` is 1 (computed in fp32)."""
-    mask = mask.float().expand_as(target)
-    return ((reconstruction.float() - target.float()).abs() * mask).sum() / mask.sum().clamp_min(1)
-
-
-def video_psnr(reconstruction: Tensor, target: Tensor) -> Tensor:
-    """PSNR in dB of [-1, 1] videos mapped to [0, 1], per clip, then averaged."""
-    rec = ((reconstruction.float() + 1) / 2).clamp(0, 1)
-    ref = ((target.float() + 1) / 2).clamp(0, 1)
-    return peak_signal_noise_ratio(
-        rec, ref, data_range=1.0, reduction="elementwise_mean", dim=tuple(range(1, ref.dim()))
-    )
+class NonFiniteLossError(RuntimeError):
+    """Too many optimizer steps in a row had a NaN/Inf loss or gradient."""
 
 
 class TokenizerModel(pl.LightningModule):
-    """Post-trains a Cosmos tokenizer with an L1 reconstruction loss."""
+    """Post-trains a Cosmos tokenizer: L1 + VGG16 perceptual loss, on all weights, one side or LoRA."""
 
-    def __init__(self, model: ModelConfig | None = None, optim: OptimConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelConfig | None = None,
+        optim: OptimConfig | None = None,
+        loss: LossConfig | None = None,
+        max_bad_steps: int = 10,
+    ) -> None:
         super().__init__()
         self.model_config = model or ModelConfig()
         self.optim_config = optim or OptimConfig()
-        self.save_hyperparameters({"model": asdict(self.model_config), "optim": asdict(self.optim_config)})
+        self.loss_config = loss or LossConfig()
+        self.save_hyperparameters(
+            {"model": asdict(self.model_config), "optim": asdict(self.optim_config), "loss": asdict(self.loss_config)}
+        )
         self.network = self._build_network(self.model_config)
+        self.trainable_names = configure_trainable(self.network, self.model_config.trainable, self.model_config.lora)
+        # Built only when its weight is > 0; a missing VGG16 file is an error that says where to put it.
+        # Held in a list, not as a child: its frozen 59 MB of VGG weights stay out of checkpoints and DDP.
+        perceptual = build_perceptual_loss(
+            self.loss_config.perceptual_weight,
+            self.loss_config.perceptual.weights_path,
+            self.loss_config.perceptual.frame_chunk,
+        )
+        self._perceptual = [perceptual] if perceptual is not None else []
+        self.max_bad_steps = max_bad_steps
+        self.bad_steps = 0
         self._step_start = 0.0
 
     @staticmethod
@@ -62,18 +76,79 @@ class TokenizerModel(pl.LightningModule):
         dtype = self.network.post_quant_conv.conv3d.weight.dtype
         return batch[VIDEO].to(dtype), batch[LOSS_MASK]
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def reconstruct(self, video: Tensor) -> Tensor:
+        net = self.network
+        if self.model_config.trainable == "decoder" and self.training:
+            # The encoder is frozen: no activations kept for it, no gradients computed.
+            net.check_video(video)
+            with torch.no_grad():
+                encoded = net._encode(video)
+            return net._decode(encoded[1] if net.is_discrete else encoded[0])
+        return net(video)
+
+    def losses(self, reconstruction: Tensor, video: Tensor, mask: Tensor) -> dict[str, Tensor]:
+        cfg = self.loss_config
+        terms = {"l1": masked_l1(reconstruction, video, mask)}
+        total = cfg.l1_weight * terms["l1"]
+        for perceptual in self._perceptual:
+            terms["perceptual"] = perceptual.to(video.device)(reconstruction, video, mask)
+            total = total + cfg.perceptual_weight * terms["perceptual"]
+        terms["loss"] = total
+        return terms
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
         video, mask = self._input(batch)
-        loss = masked_l1(self.network(video), video, mask)
-        self.log("train/loss", loss, prog_bar=True, batch_size=video.shape[0], sync_dist=False)
-        return loss
+        terms = self.losses(self.reconstruct(video), video, mask)
+        if not torch.isfinite(terms["loss"]):
+            self._bad_step(f"loss is {terms['loss'].item()}")
+            return None  # Lightning skips backward and the optimizer step
+        batch_size = video.shape[0]
+        for name, value in terms.items():
+            self.log(f"train/{name}", value, prog_bar=name == "loss", batch_size=batch_size)
+        return terms["loss"]
+
+    def _bad_step(self, why: str) -> None:
+        self.bad_steps += 1
+        self.log("train/bad_steps", float(self.bad_steps), batch_size=1)
+        warnings.warn(f"step {self.global_step}: {why}; step skipped ({self.bad_steps} in a row)", stacklevel=2)
+        if self.bad_steps >= self.max_bad_steps:
+            raise NonFiniteLossError(
+                f"{self.bad_steps} steps in a row had a NaN/Inf loss or gradient (trainer.max_bad_steps="
+                f"{self.max_bad_steps}); stopping. The newest checkpoint is from before them: lower optim.lr, "
+                "check the data (python -m data_tools check) or use trainer.precision=32-true, then resume."
+            )
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        grads = [p.grad for p in self.network.parameters() if p.grad is not None]
+        if not grads:
+            return
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+        if not torch.isfinite(norm):
+            optimizer.zero_grad(set_to_none=True)  # AdamW skips parameters without gradients
+            self._bad_step(f"gradient norm is {norm.item()}")
+            return
+        self.bad_steps = 0
+        self.log("train/grad_norm", norm, batch_size=1)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         video, mask = self._input(batch)
         reconstruction = self.network(video)
-        batch_size = video.shape[0]
-        self.log("val/loss", masked_l1(reconstruction, video, mask), batch_size=batch_size, sync_dist=True)
-        self.log("val/psnr", video_psnr(reconstruction, video), batch_size=batch_size, sync_dist=True, prog_bar=True)
+        n = video.shape[0]
+        for name, value in self.losses(reconstruction, video, mask).items():
+            self.log(f"val/{name}", value, batch_size=n, sync_dist=True)
+        self.log("val/psnr", video_psnr(reconstruction, video), batch_size=n, sync_dist=True, prog_bar=True)
+        self.log("val/ssim", video_ssim(reconstruction, video), batch_size=n, sync_dist=True)
+        if batch_idx == 0 and self.trainer.is_global_zero and not self.trainer.sanity_checking:
+            self._save_video(video[0], reconstruction[0])
+
+    def _save_video(self, video: Tensor, reconstruction: Tensor) -> None:
+        frames = side_by_side_frames(video, reconstruction)
+        path = write_mp4(Path(self.trainer.default_root_dir) / "val_videos" / f"step{self.global_step:07d}.mp4", frames)
+        for logger in self.loggers:
+            if isinstance(logger, pl.loggers.WandbLogger):
+                import wandb
+
+                logger.experiment.log({"val/video": wandb.Video(str(path), format="mp4")}, step=self.global_step)
 
     def on_train_batch_start(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._step_start = time.perf_counter()
@@ -81,17 +156,16 @@ class TokenizerModel(pl.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
         elapsed = time.perf_counter() - self._step_start
         clips = batch[VIDEO].shape[0] * self.trainer.world_size
-        self.log("train/clips_per_sec", clips / max(elapsed, 1e-9), batch_size=1)
+        self.log("train/clips_per_sec", clips / max(elapsed, 1e-9), batch_size=1, prog_bar=True)
         self.log("train/step_time", elapsed, batch_size=1)
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            self.log("train/gpu_mem_gib", torch.cuda.max_memory_allocated(self.device) / 2**30, batch_size=1)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        cfg = self.optim_config
-        return torch.optim.AdamW(
-            self.network.parameters(),
-            lr=cfg.lr,
-            betas=(cfg.adam_beta1, cfg.adam_beta2),
-            eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay,
+    def configure_optimizers(self) -> dict:
+        return build_optimizer(
+            self.network,
+            self.optim_config,
+            self.trainer.max_steps if self._trainer else -1,
             fused=self.device.type == "cuda",
         )
 

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import EMAWeightAveraging, LearningRateMonitor
 
 from .callbacks import (
     AtomicCheckpointIO,
-    LossSummary,
     PreemptionCheckpoint,
+    RunSummary,
     SampleTrace,
     SkippedSamples,
     checkpoint_callback,
 )
-from .config import DataConfig, LogConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
+from .config import DataConfig, LogConfig, LossConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
 from .data.energon import EnergonVideoDataModule
 from .data.fake import SyntheticVideoDataModule
 from .data.preflight import check_worker_share, preflight
@@ -152,6 +155,29 @@ def _checkpoint_step(path: str) -> int:
     return int(ckpt.get("global_step", 0))
 
 
+def _loggers(run_dir: Path, name: str) -> list:
+    """CSV always (curves without any account); wandb too when WANDB_API_KEY is set."""
+    loggers: list = [pl.loggers.CSVLogger(save_dir=str(run_dir), name="csv")]
+    if os.environ.get("WANDB_API_KEY"):
+        loggers.append(
+            pl.loggers.WandbLogger(
+                project=os.environ.get("WANDB_PROJECT_NAME", "tokenizer-posttrain"),
+                name=name,
+                id=os.environ.get("WANDB_RUN_ID"),
+                resume="allow",
+                save_dir=str(run_dir),
+            )
+        )
+    return loggers
+
+
+def _forward_sigusr1_as_sigterm() -> None:
+    # Clusters send SIGUSR1 ahead of preemption. Under SLURM Lightning handles it (checkpoint and
+    # requeue); elsewhere we treat it like SIGTERM: finish the batch, write last.ckpt, exit.
+    if "SLURM_JOB_ID" not in os.environ and hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+
+
 def train(
     model: ModelConfig,
     data: DataConfig,
@@ -159,8 +185,10 @@ def train(
     optim: OptimConfig,
     resume: ResumeConfig,
     log: LogConfig,
+    loss: LossConfig = LossConfig(),  # noqa: B008 - an immutable-by-use default
 ) -> Path:
     """Post-train a Cosmos tokenizer; returns the run folder (checkpoints/, csv/, export/)."""
+    started = time.time()
     check_clip_shape(model, data)
     par = resolve_parallelism(trainer, data)
     check_data(data, par.world_size, trainer.seed)
@@ -176,23 +204,24 @@ def train(
             )
 
     pl.seed_everything(trainer.seed, workers=True, verbose=False)
-    module = TokenizerModel(model, optim)
+    module = TokenizerModel(model, optim, loss, trainer.max_bad_steps)
     datamodule = build_datamodule(data, model, trainer.seed)
     limit_val_batches = trainer.limit_val_batches
     if isinstance(datamodule, EnergonVideoDataModule) and not datamodule.has_validation:
         warnings.warn(f"{data.path} has no val split: validation is off", stacklevel=2)
         limit_val_batches = 0
-    loggers: list = [pl.loggers.CSVLogger(save_dir=str(run_dir), name="csv")]
-    if os.environ.get("WANDB_API_KEY"):
-        loggers.append(
-            pl.loggers.WandbLogger(
-                project=os.environ.get("WANDB_PROJECT_NAME", "tokenizer-posttrain"),
-                name=log.name,
-                id=os.environ.get("WANDB_RUN_ID"),
-                resume="allow",
-                save_dir=str(run_dir),
-            )
-        )
+    summary = RunSummary()
+    callbacks = [
+        checkpoint_callback(ckpt_dir, trainer.checkpoint_every_n_steps, trainer.checkpoint_keep),
+        PreemptionCheckpoint(ckpt_dir / LAST_CKPT),
+        summary,
+        SkippedSamples(data.max_skip_fraction),
+        SampleTrace(run_dir / "samples"),
+        LearningRateMonitor(logging_interval="step"),
+    ]
+    if model.ema_decay is not None:
+        # Lightning's EMA: validation, the final weights (hence the export) and checkpoints use the average.
+        callbacks.append(EMAWeightAveraging(decay=model.ema_decay, use_buffers=False))
 
     lightning_trainer = pl.Trainer(
         accelerator=par.accelerator,
@@ -206,32 +235,27 @@ def train(
         val_check_interval=trainer.val_check_interval * par.accumulate_grad_batches,
         check_val_every_n_epoch=None,
         limit_val_batches=limit_val_batches,
-        # energon splits data over ranks itself; Lightning's sampler would break its loaders
-        use_distributed_sampler=data.path is None,
+        # Both data modules shard the stream over the ranks themselves.
+        use_distributed_sampler=False,
         log_every_n_steps=trainer.log_every_n_steps,
         accumulate_grad_batches=par.accumulate_grad_batches,
         gradient_clip_val=trainer.gradient_clip_val or None,
-        callbacks=[
-            checkpoint_callback(ckpt_dir, trainer.checkpoint_every_n_steps, trainer.checkpoint_keep),
-            PreemptionCheckpoint(ckpt_dir / LAST_CKPT),
-            LossSummary(),
-            SkippedSamples(data.max_skip_fraction),
-            SampleTrace(run_dir / "samples"),
-        ],
+        callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
-        logger=loggers,
+        logger=_loggers(run_dir, log.name),
         default_root_dir=str(run_dir),
         enable_model_summary=False,
     )
     if ckpt_path:
         print(f"Resuming from {ckpt_path}", flush=True)
+    _forward_sigusr1_as_sigterm()
     lightning_trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
     if lightning_trainer.is_global_zero:
-        print(f"Checkpoints: {ckpt_dir}", flush=True)
+        export_dir = None
         if log.export_on_end:
             from .export import export_tokenizer
 
-            out = export_tokenizer(module.network, run_dir / "export")
-            print(f"Exported encoder.jit, decoder.jit, autoencoder.jit to {out}", flush=True)
+            export_dir = export_tokenizer(module.network, run_dir / "export")
+        summary.report(run_dir, lightning_trainer.global_step, time.time() - started, ckpt_dir, export_dir)
     return run_dir

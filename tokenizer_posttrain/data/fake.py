@@ -7,10 +7,11 @@ which breaks with worker processes). The clips move, so a falling loss means som
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .batch import LOSS_MASK, VIDEO
 
@@ -58,8 +59,39 @@ class SyntheticVideoDataset(Dataset):
         return {VIDEO: clip.to(self.dtype), LOSS_MASK: mask}
 
 
+class StreamSampler(Sampler[int]):
+    """An endless, seeded, rank-sharded stream of dataset indices that can start mid-stream.
+
+    Position ``p`` of the global stream is clip ``perm_e[p % n]`` with a fresh permutation per pass
+    ``e = p // n``; rank ``r`` of ``w`` takes positions ``r, r + w, ...``. Starting at the number of
+    clips already consumed makes a resumed run read exactly what an uninterrupted one would.
+    """
+
+    LENGTH = 10**12  # a length keeps Lightning from prefetching and from cutting the stream into epochs
+
+    def __init__(self, num_samples: int, seed: int, start: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        self.num_samples, self.seed, self.start, self.rank, self.world_size = num_samples, seed, start, rank, world_size
+
+    def __iter__(self) -> Iterator[int]:
+        position = self.start * self.world_size + self.rank
+        perm_pass, perm = -1, torch.empty(0, dtype=torch.long)
+        while True:
+            if position // self.num_samples != perm_pass:
+                perm_pass = position // self.num_samples
+                perm = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.seed + perm_pass))
+            yield int(perm[position % self.num_samples])
+            position += self.world_size
+
+    def __len__(self) -> int:
+        return self.LENGTH
+
+
 class SyntheticVideoDataModule(pl.LightningDataModule):
-    """Train and validation loaders over :class:`SyntheticVideoDataset`."""
+    """Train and validation loaders over :class:`SyntheticVideoDataset`.
+
+    The train loader is an endless stream (:class:`StreamSampler`) sharded over the ranks; on
+    resume it starts after the clips the finished optimizer steps consumed.
+    """
 
     def __init__(
         self,
@@ -78,19 +110,31 @@ class SyntheticVideoDataModule(pl.LightningDataModule):
         self.val_set = SyntheticVideoDataset(num_val_samples, seed=seed + 1, **shape)
         self.micro_batch_size = micro_batch_size
         self.num_workers = num_workers
+        self.seed = seed
 
-    def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=self.micro_batch_size,
-            shuffle=shuffle,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            drop_last=shuffle,
-        )
+    def _consumed_per_rank(self) -> int:
+        trainer = self.trainer
+        if trainer is None:
+            return 0
+        # Checkpoints are taken at optimizer-step boundaries, so this is exact on resume.
+        return trainer.global_step * trainer.accumulate_grad_batches * self.micro_batch_size
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, shuffle=True)
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        sampler = StreamSampler(len(self.train_set), self.seed, self._consumed_per_rank(), rank, world)
+        return DataLoader(
+            self.train_set,
+            batch_size=self.micro_batch_size,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, shuffle=False)
+        return DataLoader(
+            self.val_set,
+            batch_size=self.micro_batch_size,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )

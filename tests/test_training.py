@@ -1,0 +1,209 @@
+"""What trains and how: full loss, decoder/encoder-only, LoRA, lr groups, EMA, NaN handling, logging."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from tests.conftest import reference_weights
+from tests.test_losses import random_vgg16_state
+from tokenizer_posttrain.config import LoRAConfig, LossConfig, ModelConfig, OptimConfig, PerceptualConfig
+from tokenizer_posttrain.data.batch import LOSS_MASK, VIDEO
+from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
+from tokenizer_posttrain.export import export_tokenizer
+from tokenizer_posttrain.model import NonFiniteLossError, TokenizerModel
+from tokenizer_posttrain.optim import lr_factor, param_groups
+
+
+def tiny(name: str = "DV8x16x16", **model_kw) -> ModelConfig:  # noqa: ANN003
+    return ModelConfig(model=name, jit_ckpt_pth=str(reference_weights(name)), channels=16, **model_kw)
+
+
+def no_vgg() -> LossConfig:
+    return LossConfig(perceptual_weight=0.0)
+
+
+def fit(
+    module: TokenizerModel,
+    tmp_path: Path,
+    steps: int = 3,
+    callbacks: list | None = None,
+    datamodule: pl.LightningDataModule | None = None,
+) -> pl.Trainer:
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        precision="bf16-mixed",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=str(tmp_path),
+        callbacks=callbacks or [],
+        use_distributed_sampler=False,
+    )
+    trainer.fit(
+        module,
+        datamodule=datamodule
+        or SyntheticVideoDataModule(frames=9, height=32, width=32, num_workers=0, num_train_samples=8),
+    )
+    return trainer
+
+
+def snapshot(module: TokenizerModel) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.network.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def vgg_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("vgg") / "vgg16-397923af.pth"
+    torch.save(random_vgg16_state(), path)
+    return path
+
+
+def test_full_loss_is_l1_plus_weighted_perceptual(vgg_file: Path) -> None:
+    loss = LossConfig(perceptual_weight=0.1, perceptual=PerceptualConfig(weights_path=str(vgg_file)))
+    module = TokenizerModel(tiny(), loss=loss)
+    assert not any(k.startswith("_perceptual") or "vgg" in k for k in module.state_dict())  # not checkpointed
+    video = torch.rand(1, 3, 9, 32, 32) * 2 - 1
+    with torch.no_grad():
+        terms = module.losses(module.network(video), video, torch.ones(1, 1, 9, 32, 32))
+    assert terms["perceptual"] > 0 and terms["l1"] > 0
+    torch.testing.assert_close(terms["loss"], terms["l1"] + 0.1 * terms["perceptual"])
+
+
+def test_missing_vgg_file_is_explained(tmp_path: Path) -> None:
+    loss = LossConfig(perceptual=PerceptualConfig(weights_path=str(tmp_path / "nope.pth")))
+    with pytest.raises(FileNotFoundError, match="loss.perceptual_weight=0"):
+        TokenizerModel(tiny(), loss=loss)
+
+
+@pytest.mark.parametrize(
+    "trainable, frozen, moving", [("decoder", "encoder.", "decoder."), ("encoder", "decoder.", "encoder.")]
+)
+def test_one_side_training_leaves_the_other_bit_identical(
+    tmp_path: Path, trainable: str, frozen: str, moving: str
+) -> None:
+    module = TokenizerModel(tiny(trainable=trainable), OptimConfig(lr=1e-3), no_vgg())
+    before = snapshot(module)
+    fit(module, tmp_path)
+    after = module.network.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith(frozen))
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith(moving))
+    if trainable == "decoder":  # the latent space is untouched: the same clip gives the same tokens
+        video = torch.rand(1, 3, 9, 32, 32) * 2 - 1
+        fresh = TokenizerModel(tiny(), loss=no_vgg()).network.eval()
+        with torch.no_grad():
+            assert torch.equal(module.network.eval().encode(video)[0], fresh.encode(video)[0])
+
+
+def test_lora_trains_adapters_only_and_exports_merged(tmp_path: Path) -> None:
+    module = TokenizerModel(
+        tiny("CV8x8x8", lora=LoRAConfig(rank=4, targets=["decoder.*"])), OptimConfig(lr=1e-2), no_vgg()
+    )
+    assert module.trainable_names and all(".lora_" in n and n.startswith("decoder.") for n in module.trainable_names)
+    base = {k: v for k, v in snapshot(module).items() if ".lora_" not in k}
+    fit(module, tmp_path)
+    state = module.network.state_dict()
+    assert all(torch.equal(base[k], state[k]) for k in base)  # base weights untouched
+    video = torch.rand(1, 3, 9, 32, 32) * 2 - 1
+    with torch.no_grad():
+        adapted = module.network.eval()(video)
+    folder = export_tokenizer(module.network, tmp_path / "export")
+    exported = torch.jit.load(str(folder / "autoencoder.jit"))
+    assert not any(".lora_" in k for k in exported.state_dict())  # official keys: nothing extra needed
+    with torch.no_grad():
+        torch.testing.assert_close(exported(video)[0], adapted, rtol=1e-4, atol=1e-5)
+
+
+def test_lora_checkpoint_loads_merged(tmp_path: Path) -> None:
+    from tokenizer_posttrain.checkpoint import load_tokenizer
+
+    module = TokenizerModel(tiny("CV8x8x8", lora=LoRAConfig(rank=2, alpha=4.0)), OptimConfig(lr=1e-2), no_vgg())
+    trainer = fit(module, tmp_path, steps=2)
+    trainer.save_checkpoint(tmp_path / "lora.ckpt")
+    loaded = load_tokenizer(tmp_path / "lora.ckpt").eval()
+    video = torch.rand(1, 3, 9, 32, 32) * 2 - 1
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(video), module.network.eval()(video), rtol=1e-4, atol=1e-5)
+
+
+def test_lr_groups_and_schedules() -> None:
+    net = TokenizerModel(tiny(), loss=no_vgg()).network
+    groups = {g["name"]: g for g in param_groups(net, 1e-4, {"decoder.": 2e-4, "decoder.up.0.": 3e-4})}
+    assert groups["decoder.up.0."]["lr"] == 3e-4 and groups["decoder."]["lr"] == 2e-4
+    assert groups["default"]["lr"] == 1e-4
+    assert sum(len(g["params"]) for g in groups.values()) == len(list(net.parameters()))
+    assert all(
+        n.startswith("decoder.up.0.")
+        for n, p in net.named_parameters()
+        if any(p is q for q in groups["decoder.up.0."]["params"])
+    )
+    with pytest.raises(ValueError, match="match no trainable parameter"):
+        param_groups(net, 1e-4, {"decodr.": 1e-3})
+    assert [lr_factor(s, 4, "constant", 20, 0.0) for s in (0, 3, 10)] == [0.25, 1.0, 1.0]
+    assert lr_factor(4, 4, "cosine", 20, 0.0) == pytest.approx(1.0)
+    assert lr_factor(12, 4, "cosine", 20, 0.0) == pytest.approx(0.5)
+    assert lr_factor(20, 4, "cosine", 20, 0.1) == pytest.approx(0.1)
+    assert lr_factor(12, 4, "linear", 20, 0.0) == pytest.approx(0.5)
+
+
+def test_ema_weights_are_the_exponential_average(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import EMAWeightAveraging
+
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), no_vgg())
+    history: list[dict[str, torch.Tensor]] = []
+
+    class Record(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001, ANN201
+            history.append({k: v.detach().clone() for k, v in pl_module.network.named_parameters()})
+
+    fit(module, tmp_path, steps=3, callbacks=[Record(), EMAWeightAveraging(decay=0.5, use_buffers=False)])
+    expected = dict(history[0])
+    for weights in history[1:]:
+        expected = {k: 0.5 * expected[k] + 0.5 * weights[k] for k in expected}
+    final = dict(module.network.named_parameters())
+    name = "decoder.conv_out.0.conv3d.weight"
+    torch.testing.assert_close(final[name].detach(), expected[name])
+    assert not torch.equal(final[name].detach(), history[-1][name])
+
+
+class _NaNEvery(SyntheticVideoDataModule):
+    """Synthetic clips, with NaN pixels in the clips of chosen batches."""
+
+    def __init__(self, bad: set[int]) -> None:
+        super().__init__(frames=9, height=32, width=32, num_workers=0, num_train_samples=8)
+        self.bad, self.seen = bad, 0
+
+    def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
+        if self.trainer.training:
+            if self.seen in self.bad:
+                batch[VIDEO] = torch.full_like(batch[VIDEO], float("nan"))
+            self.seen += 1
+        assert LOSS_MASK in batch
+        return batch
+
+
+def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path: Path) -> None:
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), no_vgg(), max_bad_steps=3)
+    before = snapshot(module)
+    with pytest.warns(UserWarning, match="step skipped"):
+        fit(module, tmp_path, steps=3, datamodule=_NaNEvery({0, 1}))  # two bad steps, then a good one
+    assert module.bad_steps == 0 and all(
+        torch.isfinite(v).all() for v in module.network.state_dict().values() if v.is_floating_point()
+    )
+    assert any(not torch.equal(before[k], v) for k, v in module.network.state_dict().items())
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), no_vgg(), max_bad_steps=3)
+    with pytest.raises(NonFiniteLossError, match="3 steps in a row"), pytest.warns(UserWarning):
+        fit(module, tmp_path, steps=5, datamodule=_NaNEvery({0, 1, 2, 3}))
+
+
+def test_cosine_schedule_reaches_the_optimizer(tmp_path: Path) -> None:
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3, schedule="cosine", warmup_steps=1), no_vgg())
+    trainer = fit(module, tmp_path, steps=3)
+    lr = trainer.optimizers[0].param_groups[0]["lr"]
+    assert lr == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 2 / 2)), abs=1e-12)
