@@ -1,5 +1,6 @@
 """The real command line, in fresh processes: smoke run, resume, overrides and failures."""
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,8 @@ def test_second_run_in_the_same_folder_resumes(first_run: tuple[Path, object]) -
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Resuming from {run_dir / 'checkpoints' / 'last.ckpt'}" in result.stdout
     latest = sorted((run_dir / "csv").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
-    steps = [int(line.split(",")[1]) for line in (latest / "metrics.csv").read_text().splitlines()[1:]]
+    with open(latest / "metrics.csv") as f:
+        steps = [int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")]
     assert min(steps) == 30 and max(steps) == 33  # continued at step 30, did not restart at 0
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 34
 

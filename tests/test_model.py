@@ -5,9 +5,12 @@ import pytest
 import torch
 
 from tests.conftest import reference_weights
-from tokenizer_posttrain.config import ModelConfig, OptimConfig
+from tokenizer_posttrain.config import LossConfig, ModelConfig, OptimConfig
 from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
-from tokenizer_posttrain.model import TokenizerModel, masked_l1, video_psnr
+from tokenizer_posttrain.metrics import masked_l1, video_psnr
+from tokenizer_posttrain.model import TokenizerModel
+
+NO_VGG = LossConfig(perceptual_weight=0.0)
 
 
 def test_masked_l1_ignores_masked_pixels() -> None:
@@ -25,21 +28,26 @@ def test_psnr_of_known_error() -> None:
 
 
 def test_loads_checkpoint_strictly_and_keeps_fp32() -> None:
-    model = TokenizerModel(ModelConfig(model="CV8x8x8", jit_ckpt_pth=str(reference_weights("CV8x8x8")), channels=16))
+    model = TokenizerModel(
+        ModelConfig(model="CV8x8x8", jit_ckpt_pth=str(reference_weights("CV8x8x8")), channels=16), loss=NO_VGG
+    )
     assert all(p.dtype == torch.float32 for p in model.parameters())
     with pytest.raises(ValueError, match="this is a CV8x8x8"):
-        TokenizerModel(ModelConfig(model="DV8x16x16", jit_ckpt_pth=str(reference_weights("CV8x8x8")), channels=16))
+        TokenizerModel(
+            ModelConfig(model="DV8x16x16", jit_ckpt_pth=str(reference_weights("CV8x8x8")), channels=16), loss=NO_VGG
+        )
 
 
 def test_random_init_warns() -> None:
     with pytest.warns(UserWarning, match="RANDOM weights"):
-        TokenizerModel(ModelConfig(model="CV8x8x8", channels=16))
+        TokenizerModel(ModelConfig(model="CV8x8x8", channels=16), loss=NO_VGG)
 
 
 def test_small_lr_steps_under_bf16_mixed_change_the_fp32_weights(tmp_path) -> None:
     model = TokenizerModel(
         ModelConfig(model="DV8x16x16", jit_ckpt_pth=str(reference_weights("DV8x16x16")), channels=16),
         OptimConfig(lr=1e-5),
+        NO_VGG,
     )
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = pl.Trainer(

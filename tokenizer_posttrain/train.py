@@ -139,15 +139,24 @@ def check_data(data: DataConfig, world_size: int, seed: int) -> None:
 
 
 def find_resume_checkpoint(ckpt_dir: Path, resume: ResumeConfig) -> str | None:
+    """The explicit ``resume.resume_from_path``, else the newest of ``last.ckpt`` and ``step=N.ckpt``
+    (a kill between writing ``step=N.ckpt`` and ``last.ckpt`` must not lose that step)."""
     if resume.resume_from_path:
         path = Path(resume.resume_from_path)
         if not path.is_file():
             raise FileNotFoundError(f"resume.resume_from_path={path} does not exist")
         return str(path)
+    if not resume.resume_if_exists or not ckpt_dir.is_dir():
+        return None
+    candidates = [
+        (int(p.stem.split("=", 1)[1]), 0, str(p))
+        for p in ckpt_dir.glob("step=*.ckpt")
+        if p.stem.split("=", 1)[1].isdigit()
+    ]
     last = ckpt_dir / LAST_CKPT
-    if resume.resume_if_exists and last.is_file():
-        return str(last)
-    return None
+    if last.is_file():  # preferred at equal steps
+        candidates.append((_checkpoint_step(str(last)), 1, str(last)))
+    return max(candidates)[2] if candidates else None
 
 
 def _checkpoint_step(path: str) -> int:
