@@ -71,7 +71,7 @@ def _read_safetensors(path: Path) -> _Weights:
     return _Weights({_normalize_key(k): v for k, v in state.items()}, str(path), config)
 
 
-def _read_lightning(path: Path) -> _Weights:
+def _read_lightning(path: Path, ema: bool = False) -> _Weights:
     try:
         ckpt = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001
@@ -80,7 +80,14 @@ def _read_lightning(path: Path) -> _Weights:
         ) from err
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"{path} is not a Lightning checkpoint (no 'state_dict' entry)")
-    state = {k[len(LIGHTNING_PREFIX) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(LIGHTNING_PREFIX)}
+    # Lightning's EMA callback stores the average as state_dict and the live weights beside it.
+    if "current_model_state" in ckpt:
+        source = ckpt["state_dict"] if ema else ckpt["current_model_state"]
+    elif ema:
+        raise CheckpointError(f"{path} holds no EMA weights: the run was trained without model.ema_decay")
+    else:
+        source = ckpt["state_dict"]
+    state = {k[len(LIGHTNING_PREFIX) :]: v for k, v in source.items() if k.startswith(LIGHTNING_PREFIX)}
     if not state:
         raise CheckpointError(
             f"{path} holds no tokenizer weights (no keys starting with "
@@ -111,8 +118,10 @@ def _config_from_dict(data: dict[str, Any] | None, where: Path) -> TokenizerConf
         raise CheckpointError(f"{where}: invalid tokenizer config {data}: {err}") from err
 
 
-def read_weights(path: str | Path) -> _Weights:
-    """Read tokenizer weights, normalised to autoencoder-layout keys, from a file or folder."""
+def read_weights(path: str | Path, ema: bool = False) -> _Weights:
+    """Read tokenizer weights, normalised to autoencoder-layout keys, from a file or folder.
+
+    ``ema`` picks the EMA average of a Lightning checkpoint (an error for other sources)."""
     path = Path(path).expanduser()
     if path.is_dir():
         found = {n for n in (JIT_AUTOENCODER, JIT_ENCODER, JIT_DECODER, SAFETENSORS) if (path / n).is_file()}
@@ -140,7 +149,9 @@ def read_weights(path: str | Path) -> _Weights:
     if suffix == ".safetensors":
         return _read_safetensors(path)
     if suffix == ".ckpt":
-        return _read_lightning(path)
+        return _read_lightning(path, ema)
+    if ema:
+        raise CheckpointError(f"{path}: EMA weights exist only in training checkpoints (.ckpt)")
     state = _read_jit(path)
     has_enc = any(k.startswith("encoder.") for k in state)
     has_dec = any(k.startswith("decoder.") for k in state)
@@ -242,15 +253,18 @@ def resolve_config(weights: _Weights, name: str | None, overrides: dict[str, Any
     return config
 
 
-def load_tokenizer(path: str | Path, name: str | None = None, **config_overrides: Any) -> CausalVideoTokenizer:
+def load_tokenizer(
+    path: str | Path, name: str | None = None, ema: bool = False, **config_overrides: Any
+) -> CausalVideoTokenizer:
     """Build a tokenizer and load its weights strictly from ``path``.
 
     ``path`` is a Hugging Face style folder (``autoencoder.jit``, or ``encoder.jit`` +
     ``decoder.jit``, or our ``model.safetensors`` + ``config.json``), or a ``.jit``,
     ``.safetensors`` or Lightning ``.ckpt`` file. With ``name=None`` the model is inferred
     from the checkpoint. Weights are fp32 whatever the file's dtype (fp32 master weights).
+    ``ema=True`` loads the EMA average kept by a run trained with ``model.ema_decay``.
     """
-    weights = read_weights(path)
+    weights = read_weights(path, ema)
     config = resolve_config(weights, name, config_overrides)
     network = CausalVideoTokenizer(config)
     network.load_state_dict(weights.state, strict=True)

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -214,6 +214,7 @@ def train(
 
     pl.seed_everything(trainer.seed, workers=True, verbose=False)
     module = TokenizerModel(model, optim, loss, trainer.max_bad_steps)
+    module.hparams["data"] = asdict(data)  # for the model card of the export
     datamodule = build_datamodule(data, model, trainer.seed)
     limit_val_batches = trainer.limit_val_batches
     if isinstance(datamodule, EnergonVideoDataModule) and not datamodule.has_validation:

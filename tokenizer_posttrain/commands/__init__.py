@@ -1,0 +1,1 @@
+"""Subcommands of ``python -m tokenizer_posttrain``: each module has ``register(subparsers)``."""

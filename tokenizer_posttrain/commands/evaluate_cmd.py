@@ -1,0 +1,85 @@
+"""evaluate: metrics of a tokenizer on held-out clips, before/after against a baseline, with a report.
+
+Clips are the middle frames and the centre crop of each video of an energon dataset (its val split, else its train
+split), so the model and the baseline see the same pixels and reruns give the same numbers.
+Writes OUT/results.json, OUT/report.md, PSNR and error plots, and side-by-side mp4s of the best and worst clips.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the evaluation of parsed ``args``; prints the summary table and where the report is. Exit code."""
+    from ..checkpoint import CheckpointError
+    from ..evaluate import evaluate
+    from ..report import format_table
+
+    try:
+        results = evaluate(
+            checkpoint=args.checkpoint,
+            data=args.data,
+            out_dir=args.out,
+            baseline=args.baseline,
+            frames=args.frames,
+            size=args.size,
+            resize_short_side=args.resize_short_side,
+            max_clips=args.max_clips,
+            device=args.device,
+            dtype=args.dtype,
+            videos_per_side=args.videos_per_side,
+            vgg_weights=args.vgg_weights,
+        )
+    # EvaluationError and CheckpointError are ValueErrors whose messages say what to do: no traceback.
+    except (CheckpointError, ValueError, FileNotFoundError) as err:
+        print(f"error: {_one_line(err)}", file=sys.stderr, flush=True)
+        return 1
+    print(f"{results['n_clips']} clips of {results['data']['path']} ({results['data']['source']})")
+    print(format_table(results))
+    if results["skipped"]:
+        print(f"skipped {len(results['skipped'])} videos (listed in the report)")
+    print(f"report: {args.out.rstrip('/')}/report.md")
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``evaluate`` subcommand (dispatch: ``args.func(args)``)."""
+    parser = subparsers.add_parser(
+        "evaluate", help="metrics and a report on held-out clips, against a baseline", description=__doc__
+    )
+    parser.add_argument(
+        "--checkpoint", required=True, help="the model to evaluate: run checkpoint (.ckpt), export or .jit folder"
+    )
+    parser.add_argument(
+        "--data", required=True, help="energon dataset from data_tools make-shards (val split, else train)"
+    )
+    parser.add_argument("--baseline", help="the tokenizer before post-training (e.g. the official .jit folder)")
+    parser.add_argument("--out", default="./eval", help="output folder (default: ./eval)")
+    parser.add_argument(
+        "--frames", type=_positive, default=17, help="frames per clip, 1 + 8k for 8x models (default: 17)"
+    )
+    parser.add_argument(
+        "--size", type=_positive, default=64, help="centre crop side, multiple of the spatial compression (64)"
+    )
+    parser.add_argument(
+        "--resize-short-side", type=_positive, default=None, help="resize frames to this short side before cropping"
+    )
+    parser.add_argument("--max-clips", type=_positive, default=64, help="evaluate at most this many clips (64)")
+    parser.add_argument("--videos-per-side", type=int, default=2, help="best and worst clips written as mp4 (2)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="network precision (fp32)")
+    parser.add_argument("--vgg-weights", help="VGG16 file for the perceptual distance (default: torch hub cache)")
+    parser.set_defaults(func=run)
