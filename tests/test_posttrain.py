@@ -86,6 +86,7 @@ def test_export_command_writes_files_and_model_card(tmp_path: Path) -> None:
             "--factory",
             "tiny",
             "trainer.max_steps=2",
+            "trainer.checkpoint_every_n_steps=1",
             "model.ema_decay=0.9",
             "log.export_on_end=false",
             f"log.log_dir={run}",
@@ -97,7 +98,8 @@ def test_export_command_writes_files_and_model_card(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert train.returncode == 0, train.stderr[-3000:]
-    ckpt = run / "tiny_cv8x8x8" / "checkpoints" / "last.ckpt"
+    # a checkpoint from during the run (at the end Lightning copies the EMA into the live weights)
+    ckpt = run / "tiny_cv8x8x8" / "checkpoints" / "step=2.ckpt"
     for flag, out in (([], "plain"), (["--ema"], "ema")):
         result = cli("export", "--checkpoint", str(ckpt), "--out", str(tmp_path / out), *flag, cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
