@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from tokenizer_posttrain.checkpoint import load_tokenizer
+from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
 from tokenizer_posttrain.network import CausalVideoTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,3 +75,31 @@ def exported_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         net = load_tokenizer(reference_weights(name), channels=width)
         out[name] = export_tokenizer(net, tmp_path_factory.mktemp(f"export_{name}"), dtype=torch.bfloat16)
     return out
+
+
+def fit(
+    module: pl.LightningModule,
+    tmp_path: Path,
+    steps: int = 3,
+    callbacks: list | None = None,
+    datamodule: pl.LightningDataModule | None = None,
+) -> pl.Trainer:
+    """A few bf16-mixed CPU training steps of ``module`` on small synthetic clips (no logs, no checkpoints)."""
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        precision="bf16-mixed",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=str(tmp_path),
+        callbacks=callbacks or [],
+        use_distributed_sampler=False,
+    )
+    trainer.fit(
+        module,
+        datamodule=datamodule
+        or SyntheticVideoDataModule(frames=9, height=32, width=32, num_workers=0, num_train_samples=8),
+    )
+    return trainer

@@ -9,7 +9,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from tests.conftest import reference_weights
+from tests.conftest import fit, reference_weights
 from tests.test_losses import random_vgg16_state
 from tokenizer_posttrain.config import LoRAConfig, LossConfig, ModelConfig, OptimConfig, PerceptualConfig
 from tokenizer_posttrain.data.batch import LOSS_MASK, VIDEO
@@ -25,33 +25,6 @@ def tiny(name: str = "DV8x16x16", **model_kw) -> ModelConfig:  # noqa: ANN003
 
 def no_vgg() -> LossConfig:
     return LossConfig(perceptual_weight=0.0)
-
-
-def fit(
-    module: TokenizerModel,
-    tmp_path: Path,
-    steps: int = 3,
-    callbacks: list | None = None,
-    datamodule: pl.LightningDataModule | None = None,
-) -> pl.Trainer:
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_steps=steps,
-        precision="bf16-mixed",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        default_root_dir=str(tmp_path),
-        callbacks=callbacks or [],
-        use_distributed_sampler=False,
-    )
-    trainer.fit(
-        module,
-        datamodule=datamodule
-        or SyntheticVideoDataModule(frames=9, height=32, width=32, num_workers=0, num_train_samples=8),
-    )
-    return trainer
 
 
 def snapshot(module: TokenizerModel) -> dict[str, torch.Tensor]:
