@@ -184,3 +184,24 @@ def test_cosine_schedule_reaches_the_optimizer(tmp_path: Path) -> None:
     trainer = fit(module, tmp_path, steps=3)
     lr = trainer.optimizers[0].param_groups[0]["lr"]
     assert lr == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 2 / 2)), abs=1e-12)
+
+
+def test_rng_states_travel_with_checkpoints() -> None:
+    import random
+
+    import numpy as np
+
+    from tokenizer_posttrain.callbacks import RngState
+
+    callback, checkpoint = RngState(), {}
+    torch.manual_seed(3)
+    random.seed(3)
+    np.random.seed(3)
+    callback.on_save_checkpoint(None, None, checkpoint)  # type: ignore[arg-type]
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(99)
+    random.seed(99)
+    np.random.seed(99)
+    callback.on_load_checkpoint(None, None, checkpoint)  # type: ignore[arg-type]
+    got = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]

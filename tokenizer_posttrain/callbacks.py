@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .data.batch import KEYS, SKIPPED, VIDEO
@@ -171,3 +172,50 @@ class SampleTrace(pl.Callback):
         record = {"step": trainer.global_step, "keys": list(batch[KEYS])}
         with open(self.directory / f"rank{trainer.global_rank}.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+class StepProgressBar(RichProgressBar):
+    """Rich progress bar whose total is the run's micro-batches (``max_steps`` x accumulation), so
+    its ETA is real: the data streams are endless and Lightning's own total is not."""
+
+    @property
+    def total_train_batches(self) -> int | float:
+        trainer = self.trainer
+        if trainer.max_steps and trainer.max_steps > 0:
+            return trainer.max_steps * trainer.accumulate_grad_batches
+        return super().total_train_batches
+
+
+class RngState(pl.Callback):
+    """Saves and restores the Python, NumPy and torch random states with every checkpoint, so a
+    resumed run draws the same random numbers (LoRA dropout, augmentation) as an uninterrupted one."""
+
+    KEY = "rng_states"
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        import random
+
+        import numpy as np
+        import torch
+
+        checkpoint[self.KEY] = {
+            "python": pickle.dumps(random.getstate()),
+            "numpy": pickle.dumps(np.random.get_state()),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        import random
+
+        import numpy as np
+        import torch
+
+        states = checkpoint.get(self.KEY)
+        if not states:
+            return
+        random.setstate(pickle.loads(states["python"]))
+        np.random.set_state(pickle.loads(states["numpy"]))
+        torch.set_rng_state(states["torch"])
+        if states["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(states["cuda"])

@@ -16,9 +16,11 @@ from lightning.pytorch.callbacks import EMAWeightAveraging, LearningRateMonitor
 from .callbacks import (
     AtomicCheckpointIO,
     PreemptionCheckpoint,
+    RngState,
     RunSummary,
     SampleTrace,
     SkippedSamples,
+    StepProgressBar,
     checkpoint_callback,
 )
 from .config import DataConfig, LogConfig, LossConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
@@ -228,6 +230,8 @@ def train(
         SkippedSamples(data.max_skip_fraction),
         SampleTrace(run_dir / "samples"),
         LearningRateMonitor(logging_interval="step"),
+        StepProgressBar(),
+        RngState(),
     ]
     if model.ema_decay is not None:
         # Lightning's EMA: validation, the final weights (hence the export) and checkpoints use the average.
