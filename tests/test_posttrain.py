@@ -110,3 +110,60 @@ def test_export_command_writes_files_and_model_card(tmp_path: Path) -> None:
     assert any(not torch.equal(plain[k], ema[k]) for k in plain)  # the EMA average differs from the last weights
     bad = cli("export", "--checkpoint", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "x"), cwd=tmp_path)
     assert bad.returncode == 1 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path) -> None:
+    base = export_tokenizer(load_tokenizer(reference_weights("CV8x8x8")), tmp_path / "base")
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    for name in ("bigbuckbunny.mp4", "bikes.mp4"):
+        shutil.copy(bigbuckbunny().parent / name, videos / name)
+    env_home = {"NEMORUN_HOME": str(tmp_path / "nemo_run")}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tokenizer_posttrain",
+            "posttrain",
+            "--base",
+            str(base),
+            "--videos",
+            str(videos),
+            "--out",
+            str(tmp_path / "run"),
+            "--steps",
+            "2",
+            "--frames",
+            "9",
+            "--size",
+            "32",
+            "--resize-short-side",
+            "64",
+            "--num-workers",
+            "0",
+            "--val-fraction",
+            "0.5",
+            "--eval-clips",
+            "1",
+            "--accelerator",
+            "cpu",
+            "--sweep",
+            "--sweep-steps",
+            "2",
+            "--sweep-lrs",
+            "1e-3",
+            "--max-latent-drift",
+            "0.001",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env_home},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    choice = json.loads((tmp_path / "run" / "sweep" / "choice.json").read_text())
+    # only decoder-only training leaves the latents exactly as they were
+    assert choice == {"chosen": {"lr": 1e-3, "trainable": "decoder", "lora_rank": 0}, "within_drift": True}
+    assert len(list((tmp_path / "run" / "sweep").glob("sweep_*/export/autoencoder.jit"))) == 3
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["chosen"]["trainable"] == "decoder"

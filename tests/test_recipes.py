@@ -61,3 +61,14 @@ def test_overrides_reach_the_configs() -> None:
     assert kw["model"].jit_ckpt_pth == "/ckpt" and resolve_name(kw["model"].model) == "DV8x16x16"
     assert (kw["data"].path, kw["data"].micro_batch_size) == ("/data", 2)
     assert (kw["trainer"].max_steps, kw["trainer"].devices, kw["optim"].lr) == (7, "2", 3e-5)
+
+
+def test_workflow_recipes_build() -> None:
+    from recipes.workflows import evaluate_recipe, posttrain_recipe
+    from tokenizer_posttrain.evaluate import evaluate
+    from tokenizer_posttrain.workflow import posttrain
+
+    built = fdl.build(evaluate_recipe("ckpt", "data", baseline="base"))
+    assert built.func is evaluate and built.keywords["baseline"] == "base"
+    built = fdl.build(posttrain_recipe("base", "videos", "out", sweep=True))
+    assert built.func is posttrain and built.keywords["sweep"] is True and built.keywords["frames"] == 33
