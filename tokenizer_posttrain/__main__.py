@@ -14,13 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tokenizer_posttrain", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMANDS:
-        try:
-            module = importlib.import_module(f"tokenizer_posttrain.commands.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"tokenizer_posttrain.commands.{name}":
-                raise
-            continue
-        module.register(subparsers)
+        importlib.import_module(f"tokenizer_posttrain.commands.{name}").register(subparsers)
     return parser
 
 

@@ -1,0 +1,296 @@
+"""``reconstruct``, ``encode``, ``decode``: run a tokenizer over whole video files.
+
+Video in and out goes through PyAV. ``reconstruct`` and ``decode`` write h264 with the
+input's frame rate and its exact size: yuv420p (plays everywhere) when width and height
+are even, yuv444p otherwise (4:2:0 cannot store odd sizes; 4:4:4 keeps every pixel).
+Latents are safetensors files: ``latent`` (CV) or ``indices`` (DV) with the metadata
+tensors of :func:`tokenizer_posttrain.inference.encode`, and the model name and frame rate
+in the file's metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from .. import inference
+from ..checkpoint import CheckpointError, load_tokenizer
+from ..network import CausalVideoTokenizer
+from ..registry import resolve_name
+
+FORMAT = "tokenizer_posttrain.latents/1"
+"""Written into the metadata of every latents file."""
+DEFAULT_FPS = Fraction(24)
+
+
+class CommandError(Exception):
+    """A failure whose message says what is wrong; printed as one line, exit code 1."""
+
+
+# -- files --------------------------------------------------------------------------------
+
+
+def _existing(path: str, what: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CommandError(f"{what} {p} does not exist")
+    return p
+
+
+def read_video(path: Path) -> tuple[np.ndarray, Fraction]:
+    """All frames of the first video stream as uint8 ``[T, H, W, 3]`` RGB, and the frame rate."""
+    if not path.is_file():
+        raise CommandError(f"input video {path} is not a file")
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise CommandError(f"{path} has no video stream")
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+            frames, size = [], None
+            for frame in container.decode(stream):
+                size = size or (frame.width, frame.height)
+                # A stream may change size midway; keep the first size so the frames stack.
+                frames.append(frame.to_ndarray(format="rgb24", width=size[0], height=size[1]))
+    except av.FFmpegError as err:
+        raise CommandError(f"cannot read video {path}: {err}") from err
+    if not frames:
+        raise CommandError(f"{path} holds no decodable video frames")
+    return np.stack(frames), Fraction(rate) if rate else DEFAULT_FPS
+
+
+def write_video(path: Path, frames: np.ndarray, fps: Fraction, crf: int = 18) -> None:
+    """Write uint8 ``[T, H, W, 3]`` frames as h264 at exactly their size (see module docstring)."""
+    height, width = frames.shape[1:3]
+    pix_fmt = "yuv420p" if height % 2 == 0 and width % 2 == 0 else "yuv444p"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Written under a temporary name, so a failure never leaves a truncated file under the real one.
+    tmp = path.with_name(f".{path.stem}.partial{path.suffix}")
+    try:
+        with av.open(str(tmp), mode="w") as container:
+            stream = container.add_stream("libx264", rate=fps.limit_denominator(1001))
+            stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+            stream.options = {"crf": str(crf)}
+            for image in frames:
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")))
+            container.mux(stream.encode())
+        tmp.replace(path)
+    except (av.FFmpegError, ValueError) as err:
+        tmp.unlink(missing_ok=True)
+        raise CommandError(f"cannot write video {path}: {err}") from err
+
+
+def save_latents(path: Path, encoded: dict[str, torch.Tensor], model: str, fps: Fraction, source: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, "model": model, "fps": str(fps), "source": str(source)}
+    tmp = path.with_name(f".{path.name}.partial")
+    save_file({k: v.contiguous() for k, v in encoded.items()}, str(tmp), metadata=meta)
+    tmp.replace(path)
+
+
+def load_latents(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as err:
+        raise CommandError(f"cannot read latents {path}: {err}") from err
+    if meta.get("format") != FORMAT:
+        raise CommandError(f"{path} was not written by `encode` (no {FORMAT!r} in its metadata)")
+    return tensors, meta
+
+
+# -- shared options -------------------------------------------------------------------------
+
+
+def _setup(args: argparse.Namespace, encoding: bool) -> tuple[CausalVideoTokenizer, dict[str, object]]:
+    """Load the network and check every option, before any long work; returns (network, kwargs)."""
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CommandError("--device cuda was given but no CUDA GPU is available (use --device cpu)")
+    dtype = inference.DTYPES[args.dtype or ("bf16" if device == "cuda" else "fp32")]
+    network = load_tokenizer(_existing(args.checkpoint, "checkpoint"), name=args.model)
+    options = {"tile": args.tile, "tile_overlap": args.tile_overlap, "dtype": dtype, "device": device}
+    # decode checks only the tiles here: its window and context come from the latents file.
+    window, context = getattr(args, "window", 17), getattr(args, "context", None)
+    context = inference.check_options(network, window, context, args.tile, args.tile_overlap, encoding)
+    if hasattr(args, "window"):
+        args.context = context
+        options.update(window=window, context=context)
+    return network, options
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def _describe(frames: np.ndarray, fps: Fraction) -> str:
+    t, h, w = frames.shape[:3]
+    return f"{t} frames {w}x{h} at {float(fps):.4g} fps"
+
+
+# -- commands -------------------------------------------------------------------------------
+
+
+def _reconstruct(args: argparse.Namespace) -> int:
+    source = _existing(args.input, "input video")
+    network, options = _setup(args, encoding=False)
+    video, fps = read_video(source)
+    start = time.perf_counter()
+    if args.save_latents:
+        # Reconstruct through the saved latents, so that the file and the video agree exactly.
+        encoded = inference.encode(network, torch.from_numpy(video), **options)
+        save_latents(Path(args.save_latents), encoded, network.config.full_name, fps, source)
+        decode_options = {k: options[k] for k in ("dtype", "device", "tile", "tile_overlap")}
+        output = inference.decode(network, encoded, **decode_options).numpy()
+    else:
+        output = inference.reconstruct(network, torch.from_numpy(video), **options).numpy()
+    seconds = time.perf_counter() - start
+    write_video(Path(args.output), output, fps, args.crf)
+    print(
+        f"reconstructed {_describe(video, fps)} with {network.config.name} (window {args.window}, context "
+        f"{args.context}) in {seconds:.1f} s, PSNR {_psnr(video, output):.2f} dB -> {args.output}"
+        + (f" (latents: {args.save_latents})" if args.save_latents else "")
+    )
+    return 0
+
+
+def _encode(args: argparse.Namespace) -> int:
+    source = _existing(args.input, "input video")
+    network, options = _setup(args, encoding=True)
+    video, fps = read_video(source)
+    encoded = inference.encode(network, torch.from_numpy(video), **options)
+    save_latents(Path(args.output), encoded, network.config.full_name, fps, source)
+    key = "indices" if network.config.is_discrete else "latent"
+    print(
+        f"encoded {_describe(video, fps)} with {network.config.name}: {key} "
+        f"{tuple(encoded[key].shape)} {str(encoded[key].dtype).removeprefix('torch.')} -> {args.output}"
+    )
+    return 0
+
+
+def _decode(args: argparse.Namespace) -> int:
+    encoded, meta = load_latents(_existing(args.input, "latents file"))
+    network, options = _setup(args, encoding=True)
+    if meta.get("model") and resolve_name(meta["model"]) != network.config.name:
+        raise CommandError(
+            f"{args.input} holds {meta['model']} latents, but the checkpoint is {network.config.full_name}"
+        )
+    output = inference.decode(network, encoded, **options).numpy()
+    fps = args.fps or Fraction(meta.get("fps") or DEFAULT_FPS)
+    write_video(Path(args.output), output, fps, args.crf)
+    print(f"decoded {_describe(output, fps)} with {network.config.name} -> {args.output}")
+    return 0
+
+
+def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``command`` with its expected failures turned into one line on stderr and exit code 1."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except (CommandError, CheckpointError, ValueError, OSError) as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return 1
+        except torch.OutOfMemoryError:
+            print(
+                "error: out of memory; pass --tile 256 (or smaller) and/or a smaller --window, or --dtype bf16",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
+        except KeyboardInterrupt:
+            print("error: interrupted", file=sys.stderr, flush=True)
+            return 130
+
+    return run
+
+
+def _fps(text: str) -> Fraction:
+    try:
+        value = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a frame rate (e.g. 30 or 30000/1001)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive frame rate")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser, output_help: str, video_out: bool) -> None:
+    parser.add_argument("--checkpoint", required=True, help="model folder, .jit, .safetensors or training .ckpt")
+    parser.add_argument("--output", required=True, help=output_help)
+    parser.add_argument("--model", help="model name (e.g. CV8x8x8) when it cannot be inferred from the checkpoint")
+    parser.add_argument("--tile", type=_count, help="process frames in tiles of this many pixels (memory)")
+    parser.add_argument("--tile-overlap", type=_count, default=32, help="overlap of the tiles (default 32)")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), help="compute dtype (default: bf16 on cuda, fp32 on cpu)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
+    if video_out:
+        parser.add_argument("--crf", type=_count, default=18, help="h264 quality, lower is better (default 18)")
+
+
+def _windowing(parser: argparse.ArgumentParser, context_help: str) -> None:
+    parser.add_argument("--window", type=_count, default=17, help="frames per window, 1+8k (default 17)")
+    parser.add_argument("--context", type=_count, help=context_help)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``reconstruct``, ``encode`` and ``decode`` subcommands."""
+    p = subparsers.add_parser(
+        "reconstruct",
+        help="video -> tokenizer -> video (any length and size)",
+        description="Reconstruct a video through the tokenizer, window by window, and write it as h264 "
+        "(same frame count, size and frame rate as the input). Prints the PSNR.",
+    )
+    p.add_argument("--input", required=True, help="input video (mp4, mov, mkv, webm, ...)")
+    _common(p, "output video (.mp4)", video_out=True)
+    _windowing(
+        p,
+        "frames re-read before each later window as causal warm-up: 0 or 1+8m "
+        "(default about half the window: 9 for 17, 17 for 33; 0 = independent windows)",
+    )
+    p.add_argument("--save-latents", help="also write the latents (as `encode` does, with this --context)")
+    p.set_defaults(func=_guarded(_reconstruct))
+
+    p = subparsers.add_parser(
+        "encode",
+        help="video -> latents (CV) or token indices (DV) in a safetensors file",
+        description="Encode a video window by window into a safetensors file: 'latent' [windows, C, t, h, w] (CV) "
+        "or 'indices' int32 [windows, t, h, w] (DV), plus frames/height/width/window/context; the model name "
+        "and fps are in the file's metadata.",
+    )
+    p.add_argument("--input", required=True, help="input video")
+    _common(p, "latents file (.safetensors)", video_out=False)
+    _windowing(p, "frames shared with the previous window: 0 (default: disjoint windows) or 1+8m")
+    p.set_defaults(func=_guarded(_encode))
+
+    p = subparsers.add_parser(
+        "decode",
+        help="latents file written by `encode` -> video",
+        description="Decode a latents file written by `encode` back to an h264 video of the original size.",
+    )
+    p.add_argument("--input", required=True, help="latents file (.safetensors) written by `encode`")
+    _common(p, "output video (.mp4)", video_out=True)
+    p.add_argument("--fps", type=_fps, help="frame rate of the output (default: the encoded video's)")
+    p.set_defaults(func=_guarded(_decode))
