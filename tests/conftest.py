@@ -6,6 +6,7 @@ import csv
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -103,3 +104,25 @@ def fit(
         or SyntheticVideoDataModule(frames=9, height=32, width=32, num_workers=0, num_train_samples=8),
     )
     return trainer
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """For modules of tiny convolutions: on a busy 2-core machine a second torch thread only spins
+    (measured 30-50x slower), so these run on one thread and restore the setting afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_script(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python ARGS...`` in a fresh process with the repository importable (torchrun, -m modules)."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )

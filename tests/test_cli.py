@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import read_metrics, run_cli
+from tests.conftest import read_metrics, run_cli, run_script
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +86,9 @@ def test_bad_input_exits_non_zero_with_a_message(override: str, message: str, tm
 
 
 def test_torchrun_two_processes_on_cpu(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
     from tests.conftest import ROOT
 
-    cmd = [
-        sys.executable,
+    result = run_script(
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
@@ -107,9 +102,8 @@ def test_torchrun_two_processes_on_cpu(tmp_path: Path) -> None:
         "data.micro_batch_size=1",
         "log.export_on_end=false",
         f"log.log_dir={tmp_path}",
-    ]
-    result = subprocess.run(
-        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        cwd=tmp_path,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ckpt = torch.load(tmp_path / "tiny_cv8x8x8" / "checkpoints" / "last.ckpt", weights_only=True)

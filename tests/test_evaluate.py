@@ -35,13 +35,7 @@ FRAMES, SIZE = 9, 64
 VAL_KEYS = ["val0", "val1", "val2"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny convolutions: on a busy machine a second thread stalls them 50x instead of helping."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,7 +6,6 @@ import argparse
 import copy
 import subprocess
 import sys
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -26,13 +25,7 @@ from tokenizer_posttrain.network import CausalVideoTokenizer
 MODELS = ("CV8x8x8", "DV8x16x16")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """These clips are tiny: a second thread only spins, and under a busy CPU that costs 30x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

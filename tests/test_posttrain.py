@@ -9,32 +9,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-from tests.conftest import ROOT, reference_weights
+from tests.conftest import ROOT, reference_weights, run_script
 from tests.videos import bigbuckbunny
 from tokenizer_posttrain.checkpoint import load_tokenizer
 from tokenizer_posttrain.export import export_tokenizer
 
 
 def cli(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tokenizer_posttrain", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    return run_script("-m", "tokenizer_posttrain", *args, cwd=cwd, timeout=timeout)
 
 
-def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path) -> None:
+@pytest.fixture
+def base_and_videos(tmp_path: Path) -> tuple[Path, Path]:
+    """The tiny CV model exported like an official folder, and two real videos (one is held out)."""
     base = export_tokenizer(load_tokenizer(reference_weights("CV8x8x8")), tmp_path / "base")
     videos = tmp_path / "videos"
     videos.mkdir()
-    data = bigbuckbunny().parent
     for name in ("bigbuckbunny.mp4", "bikes.mp4"):
-        shutil.copy(data / name, videos / name)
+        shutil.copy(bigbuckbunny().parent / name, videos / name)
+    return base, videos
+
+
+def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, base_and_videos: tuple) -> None:
+    base, videos = base_and_videos
     result = cli(
         "posttrain",
         "--base",
@@ -112,12 +112,8 @@ def test_export_command_writes_files_and_model_card(tmp_path: Path) -> None:
     assert bad.returncode == 1 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path) -> None:
-    base = export_tokenizer(load_tokenizer(reference_weights("CV8x8x8")), tmp_path / "base")
-    videos = tmp_path / "videos"
-    videos.mkdir()
-    for name in ("bigbuckbunny.mp4", "bikes.mp4"):
-        shutil.copy(bigbuckbunny().parent / name, videos / name)
+def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base_and_videos: tuple) -> None:
+    base, videos = base_and_videos
     env_home = {"NEMORUN_HOME": str(tmp_path / "nemo_run")}
     result = subprocess.run(
         [

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, read_metrics, run_cli
+from tests.conftest import ROOT, read_metrics, run_cli, run_script
 from tests.videos import bigbuckbunny, write_video
 
 TINY = [
@@ -26,14 +23,7 @@ TINY = [
 
 
 def make_shards(src: Path, out: Path, *args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "data_tools", "make-shards", str(src), str(out), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    result = run_script("-m", "data_tools", "make-shards", str(src), str(out), *args, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
 
@@ -152,8 +142,7 @@ def test_two_ranks_read_disjoint_shares_and_save_both_states(video_dataset: Path
 
     import torch
 
-    cmd = [
-        sys.executable,
+    result = run_script(
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
@@ -166,9 +155,8 @@ def test_two_ranks_read_disjoint_shares_and_save_both_states(video_dataset: Path
         "data.global_batch_size=2",
         "trainer.max_steps=3",
         f"log.log_dir={tmp_path}",
-    ]
-    result = subprocess.run(
-        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        cwd=tmp_path,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "tiny_cv8x8x8"
