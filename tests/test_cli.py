@@ -70,9 +70,7 @@ def test_second_run_in_the_same_folder_resumes(first_run: tuple[Path, object]) -
     [
         ("trainer.max_stepz=3", "cannot apply override trainer.max_stepz=3: no such setting"),
         ("trainer.max_steps=abc", "invalid override trainer.max_steps=abc: 'abc' is not a valid int"),
-        ("model.model=CV9x9x9", "unknown tokenizer model 'CV9x9x9'. Known models: Cosmos-1.0-Tokenizer-CV8x8x8"),
         ("data.global_batch_size=3", "data.global_batch_size=3 is not a multiple of"),
-        ("model.jit_ckpt_pth=/no/such/folder", "checkpoint /no/such/folder does not exist"),
     ],
 )
 def test_bad_input_exits_non_zero_with_a_message(override: str, message: str, tmp_path: Path) -> None:
