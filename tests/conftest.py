@@ -126,3 +126,18 @@ def run_script(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Comple
         timeout=timeout,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+
+
+def run_torchrun(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node 2 train_tokenizer.py --yes ARGS...`` on the CPU, in fresh processes."""
+    return run_script(
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "train_tokenizer.py"),
+        "--yes",
+        *args,
+        cwd=cwd,
+        timeout=timeout,
+    )

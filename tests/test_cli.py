@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import read_metrics, run_cli, run_script
+from tests.conftest import read_metrics, run_cli, run_torchrun
 
 
 @pytest.fixture(scope="module")
@@ -84,15 +84,7 @@ def test_bad_input_exits_non_zero_with_a_message(override: str, message: str, tm
 
 
 def test_torchrun_two_processes_on_cpu(tmp_path: Path) -> None:
-    from tests.conftest import ROOT
-
-    result = run_script(
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        str(ROOT / "train_tokenizer.py"),
-        "--yes",
+    result = run_torchrun(
         "--factory",
         "tiny",
         "trainer.max_steps=2",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, read_metrics, run_cli, run_script
+from tests.conftest import ROOT, read_metrics, run_cli, run_script, run_torchrun
 from tests.videos import bigbuckbunny, write_video
 
 TINY = [
@@ -142,13 +142,7 @@ def test_two_ranks_read_disjoint_shares_and_save_both_states(video_dataset: Path
 
     import torch
 
-    result = run_script(
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        str(ROOT / "train_tokenizer.py"),
-        "--yes",
+    result = run_torchrun(
         *TINY,
         f"data.path={video_dataset}",
         "data.num_workers=1",
