@@ -56,7 +56,7 @@ class TokenizerModel(pl.LightningModule):
         self._perceptual = [perceptual] if perceptual is not None else []
         self.max_bad_steps = max_bad_steps
         self.bad_steps = 0
-        self._step_start = 0.0
+        self._last_batch_end: float | None = None
 
     @staticmethod
     def _build_network(cfg: ModelConfig) -> CausalVideoTokenizer:
@@ -150,14 +150,16 @@ class TokenizerModel(pl.LightningModule):
 
                 logger.experiment.log({"val/video": wandb.Video(str(path), format="mp4")}, step=self.global_step)
 
-    def on_train_batch_start(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._step_start = time.perf_counter()
-
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
-        elapsed = time.perf_counter() - self._step_start
-        clips = batch[VIDEO].shape[0] * self.trainer.world_size
-        self.log("train/clips_per_sec", clips / max(elapsed, 1e-9), batch_size=1, prog_bar=True)
-        self.log("train/step_time", elapsed, batch_size=1)
+        # Wall time between successive batch ends: it includes data loading, and on a GPU the
+        # queue of asynchronous kernels catches up, unlike timing one batch's Python calls.
+        now = time.perf_counter()
+        last, self._last_batch_end = self._last_batch_end, now
+        if last is not None:
+            elapsed = now - last
+            clips = batch[VIDEO].shape[0] * self.trainer.world_size
+            self.log("train/clips_per_sec", clips / max(elapsed, 1e-9), batch_size=1, prog_bar=True)
+            self.log("train/step_time", elapsed, batch_size=1)
         if torch.cuda.is_available() and self.device.type == "cuda":
             self.log("train/gpu_mem_gib", torch.cuda.max_memory_allocated(self.device) / 2**30, batch_size=1)
 
