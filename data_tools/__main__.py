@@ -19,8 +19,9 @@ prepare OUT for megatron-energon (CrudeWebdataset, train/val split by whole shar
 
 SRC is searched recursively for .mp4 .mov .m4v .mkv .webm .avi (any case). mp4/mov/m4v files are copied byte
 for byte; mkv/webm/avi (and everything with --transcode, or anything taller than --max-height) are re-encoded
-to h264 yuv420p mp4 at CRF 18 with the same frames and frame rate. OUT also gets manifest.jsonl (one line per
-video: key, source, frames, fps, size, codec, shard, split, bytes, sha1) and skipped.jsonl (unreadable files).
+to h264 yuv420p mp4 at CRF 18 (a keyframe every 16 frames, tuned for fast decoding) with the same frames and
+frame rate. OUT also gets manifest.jsonl (one line per video: key, source, frames, fps, size, codec, shard,
+split, bytes, sha1) and skipped.jsonl (unreadable files).
 
 Re-running is safe: videos already in OUT/manifest.jsonl are not packed again, new ones go to new shards and
 OUT is re-prepared; with nothing new it prints "up to date" and rewrites nothing.

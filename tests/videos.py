@@ -38,19 +38,26 @@ def encode_video(
     container: str = "mp4",
     seed: int = 0,
     pts_steps: list[int] | None = None,
+    pix_fmt: str = "yuv420p",
+    colorspace: int | None = None,
 ) -> bytes:
-    """Encode a synthetic clip to bytes. ``pts_steps`` (in 1/1000 s) makes variable frame rate."""
+    """Encode a synthetic clip to bytes. ``pts_steps`` (in 1/1000 s) makes variable frame rate;
+    ``colorspace`` (FFmpeg's AVColorSpace number, e.g. 1 for BT.709) tags the stream."""
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container) as out:
         rate = Fraction(fps).limit_denominator(1001)
         stream = out.add_stream(codec, rate=rate)
         stream.width, stream.height = width, height
-        stream.pix_fmt = "yuv420p"
+        stream.pix_fmt = pix_fmt
+        if colorspace is not None:
+            stream.codec_context.colorspace = colorspace
         if pts_steps is not None:
             stream.codec_context.time_base = Fraction(1, 1000)
         pts = 0
         for i, img in enumerate(frames_array(frames, height, width, seed)):
             frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+            if colorspace is not None:  # convert with the matrix the stream is tagged with
+                frame = frame.reformat(format=pix_fmt, dst_colorspace=colorspace)
             if pts_steps is not None:
                 frame.pts = pts
                 frame.time_base = Fraction(1, 1000)

@@ -1,9 +1,10 @@
 """Energon TaskEncoder: from a raw ``<key>.mp4`` webdataset sample to a training clip.
 
 Decodes only the frames a clip needs (seeking by frame index), at a uniformly random
-start, optionally resized during decoding, randomly cropped and flipped, normalised to
-[-1, 1] and cast to bf16. Unusable videos are skipped, and the skip (key and reason)
-travels with the next batch so the trainer can count, log and bound them.
+start, optionally resized during decoding, randomly cropped (only the crop is converted to
+RGB, see :mod:`.clip_decode`) and flipped, normalised to [-1, 1] and cast to bf16.
+Unusable videos are skipped, and the skip (key and reason) travels with the next batch so
+the trainer can count, log and bound them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import av
 import torch
 from megatron.energon import (
     Cooker,
@@ -27,12 +29,22 @@ from megatron.energon import (
 from megatron.energon.av import AVDecoder
 
 from .batch import ASPECT_RATIO, KEYS, LOSS_MASK, SKIPPED, VIDEO
+from .clip_decode import Box, ClipReader
 
 # Bucket name -> width / height. One pixel budget (crop_height x crop_width) for all.
 ASPECT_BUCKETS: dict[str, float] = {"1:1": 1.0, "4:3": 4 / 3, "3:4": 3 / 4, "16:9": 16 / 9, "9:16": 9 / 16}
 
 # What a damaged or odd file raises from PyAV/energon while we read it.
-_DECODE_ERRORS = (OSError, EOFError, ValueError, RuntimeError, AssertionError, IndexError, ZeroDivisionError)
+_DECODE_ERRORS = (
+    av.FFmpegError,
+    OSError,
+    EOFError,
+    ValueError,
+    RuntimeError,
+    AssertionError,
+    IndexError,
+    ZeroDivisionError,
+)
 
 
 @dataclass(frozen=True)
@@ -140,49 +152,37 @@ class VideoClipTaskEncoder(DefaultTaskEncoder[RawVideo, Clip, dict, dict]):
         spec = self.spec
         rng = self._rng()
         try:
-            meta = sample.video.get_metadata(
-                get_video=True,
-                get_video_duration=False,
-                get_video_frame_count=True,
-                get_video_frame_size=True,
-                get_audio=False,
-                get_audio_duration=False,
-            )
+            reader = ClipReader(sample.video)
         except _DECODE_ERRORS as err:
             self._skip(sample, f"unreadable video ({type(err).__name__}: {err})")
-        n_frames, width, height = meta.video_num_frames, meta.video_width, meta.video_height
-        if not n_frames or not width or not height:
-            self._skip(sample, "no video stream")
-        if n_frames < spec.frames:
-            self._skip(sample, f"{n_frames} frames, fewer than the {spec.frames} a clip needs")
-        bucket, crop_h, crop_w, out_w, out_h = self._target(width, height)
-        if out_w < crop_w or out_h < crop_h:
-            self._skip(sample, f"frames {out_w}x{out_h} are smaller than the {crop_w}x{crop_h} crop")
+        with reader:
+            n_frames, width, height = reader.frames, reader.width, reader.height
+            if not n_frames or not width or not height:
+                self._skip(sample, "no video stream")
+            if n_frames < spec.frames:
+                self._skip(sample, f"{n_frames} frames, fewer than the {spec.frames} a clip needs")
+            bucket, crop_h, crop_w, out_w, out_h = self._target(width, height)
+            if out_w < crop_w or out_h < crop_h:
+                self._skip(sample, f"frames {out_w}x{out_h} are smaller than the {crop_w}x{crop_h} crop")
 
-        # Every valid start is reachable: randint is inclusive at both ends.
-        start = rng.randint(0, n_frames - spec.frames) if spec.random_crop else (n_frames - spec.frames) // 2
-        size = (out_w, out_h) if (out_w, out_h) != (width, height) else None
-        try:
-            clips, _ = sample.video.get_video_clips(
-                [(start, start + spec.frames - 1)], video_unit="frames", video_out_frame_size=size
-            )
-        except _DECODE_ERRORS as err:
-            self._skip(sample, f"decoding failed ({type(err).__name__}: {err})")
-        if not clips or clips[0].shape[0] < spec.frames:
-            got = clips[0].shape[0] if clips else 0
-            self._skip(sample, f"decoded {got} of {spec.frames} frames from {start} (truncated file?)")
-        frames = clips[0][: spec.frames]  # [T, 3, H, W] uint8
-
-        _, _, h, w = frames.shape
-        if spec.random_crop:
-            top, left = rng.randint(0, h - crop_h), rng.randint(0, w - crop_w)
-        else:
-            top, left = (h - crop_h) // 2, (w - crop_w) // 2
-        frames = frames[:, :, top : top + crop_h, left : left + crop_w]
+            # Every valid start and offset is reachable: randint is inclusive at both ends.
+            if spec.random_crop:
+                start = rng.randint(0, n_frames - spec.frames)
+                top, left = rng.randint(0, out_h - crop_h), rng.randint(0, out_w - crop_w)
+            else:
+                start = (n_frames - spec.frames) // 2
+                top, left = (out_h - crop_h) // 2, (out_w - crop_w) // 2
+            size = (out_w, out_h) if (out_w, out_h) != (width, height) else None
+            try:
+                video = reader.read(start, spec.frames, Box(top, left, crop_h, crop_w), size, torch.bfloat16)
+            except _DECODE_ERRORS as err:
+                self._skip(sample, f"decoding failed ({type(err).__name__}: {err})")
+        if video.shape[1] < spec.frames:
+            self._skip(sample, f"decoded {video.shape[1]} of {spec.frames} frames from {start} (truncated file?)")
         if spec.hflip and rng.random() < 0.5:
-            frames = frames.flip(-1)
-        video = (frames.permute(1, 0, 2, 3).float() / 127.5 - 1.0).to(torch.bfloat16)
-        mask = torch.ones(1, spec.frames, crop_h, crop_w, dtype=torch.bfloat16)
+            video = video.flip(-1)
+        # One stored element: cheap to pass from worker processes; batch() stacks it to full size.
+        mask = torch.ones(1, 1, 1, 1, dtype=torch.bfloat16).expand(1, spec.frames, crop_h, crop_w)
         skipped, self._skipped = self._skipped, []
         return Clip.derive_from(
             sample, video=video, loss_mask=mask, aspect_ratio=crop_w / crop_h, bucket=bucket, skipped=skipped
@@ -194,9 +194,20 @@ class VideoClipTaskEncoder(DefaultTaskEncoder[RawVideo, Clip, dict, dict]):
 
     @stateless
     def batch(self, samples: list[Clip]) -> dict[str, Any]:
+        first = samples[0]
+        video = torch.empty((len(samples), *first.video.shape), dtype=first.video.dtype)
+        if torch.utils.data.get_worker_info() is not None:
+            # Stacked straight into shared memory: the batch then crosses to the trainer's
+            # process without the extra copy the worker queue would otherwise make.
+            video.share_memory_()
+        torch.stack([s.video for s in samples], out=video)
+        if all(s.loss_mask.stride() == (0, 0, 0, 0) for s in samples):  # all ones, one stored element
+            mask = first.loss_mask[None].expand(len(samples), *first.loss_mask.shape)
+        else:
+            mask = torch.stack([s.loss_mask for s in samples])
         return {
-            VIDEO: torch.stack([s.video for s in samples]),
-            LOSS_MASK: torch.stack([s.loss_mask for s in samples]),
+            VIDEO: video,
+            LOSS_MASK: mask,
             ASPECT_RATIO: torch.tensor([s.aspect_ratio for s in samples]),
             KEYS: [s.__key__ for s in samples],
             SKIPPED: [reason for s in samples for reason in s.skipped],

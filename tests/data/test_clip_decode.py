@@ -1,0 +1,127 @@
+"""Clip decoding: the right frames, and a crop equal to cropping FFmpeg's full-frame RGB."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+
+from tests.videos import encode_video
+from tokenizer_posttrain.data.clip_decode import Box, ClipReader
+
+
+def full_rgb(data: bytes, size: tuple[int, int] | None = None) -> np.ndarray:
+    """Every frame through FFmpeg's own conversion: ``[T, H, W, 3]`` uint8."""
+    with av.open(io.BytesIO(data)) as container:
+        frames = []
+        for frame in container.decode(video=0):
+            if size is not None:
+                frame = frame.reformat(width=size[0], height=size[1], interpolation="BILINEAR")
+            frames.append(frame.to_ndarray(format="rgb24"))
+    return np.stack(frames)
+
+
+def as_uint8_levels(clip: torch.Tensor) -> np.ndarray:
+    """``[3, T, H, W]`` in [-1, 1] -> ``[T, H, W, 3]`` in 0..255 (float)."""
+    return ((clip.permute(1, 2, 3, 0) + 1.0) * 127.5).numpy()
+
+
+def assert_matches(clip: torch.Tensor, reference: np.ndarray, exact_chroma: bool = True) -> None:
+    """Within FFmpeg's fixed-point rounding, which differs from exact arithmetic by up to 3 levels.
+
+    For limited-range 4:2:0 of even size FFmpeg repeats each chroma sample over its 2x2 pixels, as
+    we do; for full-range (JPEG) video and odd sizes it interpolates chroma, which differs at sharp colour edges only: there
+    the median still tells a right matrix and range (about 1 level) from a wrong one (about 11).
+    """
+    diff = np.abs(as_uint8_levels(clip) - reference.astype(np.float32))
+    assert np.median(diff) <= 1.5, np.median(diff)
+    if exact_chroma:
+        assert diff.max() <= 3.5, diff.max()
+        assert diff.mean() < 1.5, diff.mean()
+
+
+CASES = {
+    # name: (encode_video arguments, frame height, frame width)
+    "h264 mp4, untagged (BT.601)": ({}, 50, 66),
+    "h264 mp4, tagged BT.709": ({"colorspace": 1}, 50, 66),
+    "h264 mkv (no frame index: read by timestamp)": ({"codec": "libx264", "container": "matroska"}, 50, 66),
+    "mjpeg avi, full-range yuvj420p, odd size": ({"codec": "mjpeg", "container": "avi", "pix_fmt": "yuvj420p"}, 49, 67),
+    "mpeg4 mp4, odd size": ({"codec": "mpeg4"}, 49, 67),
+    "h264 yuv444p (FFmpeg converts)": ({"pix_fmt": "yuv444p"}, 50, 66),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_frames_and_crops_equal_ffmpeg_full_frames(name: str) -> None:
+    kwargs, height, width = CASES[name]
+    data = encode_video(30, height, width, **kwargs)
+    reference = full_rgb(data)
+    assert reference.shape == (30, height, width, 3)
+    rng = np.random.default_rng(0)
+    boxes = [Box(0, 0, 32, 32), Box(1, 3, 31, 33), Box(height - 17, width - 19, 17, 19)]  # even, odd, edges
+    for box in boxes:
+        start = int(rng.integers(0, 30 - 9 + 1))
+        with ClipReader(io.BytesIO(data)) as reader:
+            assert (reader.frames, reader.width, reader.height) == (30, width, height)
+            clip = reader.read(start, 9, box)
+        assert clip.shape == (3, 9, box.height, box.width) and clip.dtype == torch.float32
+        assert -1.0 <= clip.min() and clip.max() <= 1.0
+        window = reference[start : start + 9, box.top : box.top + box.height, box.left : box.left + box.width]
+        assert_matches(clip, window, exact_chroma=height % 2 == 0 and "yuvj420p" not in name)
+
+
+def test_the_clip_holds_exactly_the_requested_frames() -> None:
+    # Consecutive frames of the synthetic video differ a lot: a one-frame shift would show.
+    data = encode_video(40, 64, 64, fps=25)
+    reference = full_rgb(data)
+    box = Box(0, 0, 64, 64)
+    for start in (0, 7, 15, 16, 31):
+        with ClipReader(io.BytesIO(data)) as reader:
+            clip = reader.read(start, 9, box)
+        errors = [np.abs(as_uint8_levels(clip) - reference[s : s + 9]).mean() for s in range(0, 32)]
+        assert int(np.argmin(errors)) == start
+
+
+def test_resize_then_crop() -> None:
+    data = encode_video(12, 64, 96)
+    size = (48, 32)
+    reference = full_rgb(data, size)
+    box = Box(3, 5, 24, 40)
+    with ClipReader(io.BytesIO(data)) as reader:
+        clip = reader.read(2, 5, box, size=size)
+    window = reference[2:7, 3:27, 5:45]
+    # FFmpeg resizes chroma before converting, we convert after: equal up to edge rounding.
+    diff = np.abs(as_uint8_levels(clip) - window.astype(np.float32))
+    assert diff.mean() < 2.0, diff.mean()
+
+
+def faststart(data: bytes, path: Path) -> bytes:
+    """The same mp4 with its index moved to the front (FFmpeg rewrites the file to do that)."""
+    with av.open(io.BytesIO(data)) as src, av.open(str(path), "w", options={"movflags": "faststart"}) as dst:
+        stream = dst.add_stream_from_template(src.streams.video[0])
+        for packet in src.demux(src.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                dst.mux(packet)
+    return path.read_bytes()
+
+
+def test_a_truncated_file_gives_fewer_frames_and_broken_ones_raise(tmp_path: Path) -> None:
+    # The index at the front still claims every frame after the tail is cut off.
+    data = faststart(encode_video(30, 64, 64), tmp_path / "faststart.mp4")
+    with av.open(io.BytesIO(data)) as container:
+        ends = sorted(p.pos + p.size for p in container.demux(video=0) if p.size)
+    with ClipReader(io.BytesIO(data[: ends[24]])) as reader:  # the first 25 packets are whole
+        assert reader.frames == 30
+        clip = reader.read(20, 9, Box(0, 0, 32, 32))
+        assert clip.shape[1] < 9
+        with pytest.raises(ValueError, match="frames 25 to 34 of a 30-frame video"):
+            reader.read(25, 10, Box(0, 0, 32, 32))
+    with pytest.raises((av.FFmpegError, OSError)):  # index at the end, cut off
+        ClipReader(io.BytesIO(encode_video(30, 64, 64)[:-2000]))
+    with pytest.raises((av.FFmpegError, OSError)):
+        ClipReader(io.BytesIO(b"not a video at all"))

@@ -1,0 +1,193 @@
+"""Decode one clip from an encoded video: a single container open, a seek, and RGB for the crop only.
+
+energon's ``AVDecoder.get_video_clips`` converts every decoded frame to full-size RGB and stacks
+it before we crop, and its metadata call opens the container a second time and decodes a frame
+to learn the size. For a 256x256 crop of 720p frames that is most of the time spent outside the
+video decoder itself. Here energon's index-based readers still do the seeking and frame counting
+(so frame numbering is theirs), while the crop is cut from the YUV planes and only that region is
+converted to RGB, for the whole clip at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import av
+import numpy as np
+import torch
+from megatron.energon.av import AVDecoder
+from megatron.energon.av.av_init import av_open
+from megatron.energon.av.av_reader import AVProbeIndex, AVReaderByFrames, AVReaderByPts
+
+# Kr, Kb of the YUV -> RGB matrices, by FFmpeg's AVColorSpace number; anything else (unspecified
+# included) is BT.601, as FFmpeg's scaler assumes.
+_KR_KB: dict[int, tuple[float, float]] = {
+    1: (0.2126, 0.0722),  # BT.709
+    9: (0.2627, 0.0593),  # BT.2020 non-constant luminance
+    10: (0.2627, 0.0593),  # BT.2020 constant luminance (approximated by the NCL matrix)
+}
+_BT601 = (0.299, 0.114)
+_FULL_RANGE = 2  # AVCOL_RANGE_JPEG
+_YUV420 = {"yuv420p", "yuvj420p"}
+
+
+@dataclass(frozen=True)
+class Box:
+    """A crop rectangle in (possibly resized) frame pixels."""
+
+    top: int
+    left: int
+    height: int
+    width: int
+
+
+class ClipReader:
+    """One open video; ``frames``, ``width`` and ``height`` come from its headers and index.
+
+    Use as a context manager: the container is closed on exit, also after an error.
+    """
+
+    def __init__(self, video: AVDecoder | BinaryIO) -> None:
+        decoder = video if isinstance(video, AVDecoder) else AVDecoder(video)
+        by_frames = decoder._inspect_index_mode().name == "FRAMES"  # mp4/mov/m4v: a full index
+        stream = decoder.stream
+        stream.seek(0)
+        self._container = av_open(stream)
+        try:
+            if not self._container.streams.video:
+                raise ValueError("no video stream")
+            self._stream = self._container.streams.video[0]
+            self._pts: list[int] | None = None
+            index = self._stream.index_entries if by_frames else None
+            if index is not None and len(index) > 0:
+                self._reader: AVReaderByFrames | AVReaderByPts = AVReaderByFrames(self._container, 0, index)
+                self.frames = len(index)
+            else:
+                # No usable index (mkv, webm, avi): demux once (no decoding) for exact frame
+                # timestamps, and read by timestamp so variable frame rates stay exact too.
+                probe = AVProbeIndex(self._container, 0)
+                self._pts = sorted(entry.timestamp for entry in probe._entries)
+                self._reader = AVReaderByPts(self._container, 0, probe)
+                self.frames = len(self._pts)
+            ctx = self._stream.codec_context
+            self.width, self.height = int(ctx.width), int(ctx.height)
+        except BaseException:
+            self._container.close()
+            raise
+
+    def __enter__(self) -> ClipReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._container.close()
+
+    def _decoded(self, start: int, count: int) -> Iterator[av.VideoFrame]:
+        last = start + count - 1
+        if self._pts is None:
+            yield from self._reader.seek_read(start, last)
+        else:
+            yield from self._reader.seek_read(self._pts[start], self._pts[last])
+
+    def read(
+        self,
+        start: int,
+        count: int,
+        box: Box,
+        size: tuple[int, int] | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
+        """Frames ``start .. start + count - 1``, resized to ``size`` (width, height) when given,
+        cropped to ``box``: RGB in [-1, 1] as ``dtype``, ``[3, T, box.height, box.width]`` (the
+        layout the tokenizers take). Fewer than ``count`` frames when the file ends early."""
+        if start < 0 or count < 1 or start + count > self.frames:
+            raise ValueError(f"frames {start} to {start + count - 1} of a {self.frames}-frame video")
+        planes, rgb, frame = [], [], None
+        for frame in self._decoded(start, count):
+            if len(planes) + len(rgb) == count:
+                break
+            if size is not None and (frame.width, frame.height) != size:
+                # Resizing stays in YUV; only the crop is converted to RGB below.
+                frame = frame.reformat(width=size[0], height=size[1], interpolation="BILINEAR")
+            if frame.height < box.top + box.height or frame.width < box.left + box.width:
+                raise ValueError(f"frame {frame.width}x{frame.height} does not hold the crop {box}")
+            if frame.format.name in _YUV420 and not rgb:
+                planes.append(_crop_planes(frame, box))
+            else:
+                rgb.append(_crop_rgb(frame, box))
+        if planes and rgb:
+            raise ValueError("the pixel format changes inside the clip")
+        if rgb:
+            return torch.stack(rgb, dim=1).float().div_(127.5).sub_(1.0).to(dtype)
+        if not planes:
+            return torch.empty(3, 0, box.height, box.width, dtype=dtype)
+        y, u, v = (torch.from_numpy(np.stack(p)) for p in zip(*planes, strict=True))
+        full_range = int(frame.color_range) == _FULL_RANGE or frame.format.name == "yuvj420p"
+        out = yuv420_to_rgb(y, u, v, _KR_KB.get(int(frame.colorspace), _BT601), full_range, dtype)
+        dy, dx = box.top % 2, box.left % 2
+        return out[:, :, dy : dy + box.height, dx : dx + box.width].contiguous()
+
+
+def _plane(frame: av.VideoFrame, index: int, height: int, width: int) -> np.ndarray:
+    plane = frame.planes[index]
+    return np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[:height, :width]
+
+
+def _crop_planes(frame: av.VideoFrame, box: Box) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Copies of the chroma samples covering the crop (4:2:0: one per 2x2 pixels) and of the luma
+    under them: the crop grown to even offsets and sizes."""
+    rows = slice(box.top // 2, (box.top + box.height - 1) // 2 + 1)
+    cols = slice(box.left // 2, (box.left + box.width - 1) // 2 + 1)
+    ch, cw = (frame.height + 1) // 2, (frame.width + 1) // 2
+    u = _plane(frame, 1, ch, cw)[rows, cols]
+    v = _plane(frame, 2, ch, cw)[rows, cols]
+    y = _plane(frame, 0, frame.height, frame.width)[2 * rows.start : 2 * rows.stop, 2 * cols.start : 2 * cols.stop]
+    if y.shape != (2 * u.shape[0], 2 * u.shape[1]):  # odd frame size, crop at its edge: repeat the edge
+        y = np.pad(y, [(0, 2 * u.shape[0] - y.shape[0]), (0, 2 * u.shape[1] - y.shape[1])], mode="edge")
+    return y.copy(), u.copy(), v.copy()
+
+
+def _crop_rgb(frame: av.VideoFrame, box: Box) -> torch.Tensor:
+    """Other pixel formats (4:2:2, 4:4:4, 10-bit, RGB, grey): FFmpeg's full-frame conversion."""
+    rgb = frame.to_ndarray(format="rgb24")[box.top : box.top + box.height, box.left : box.left + box.width]
+    return torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)
+
+
+def yuv420_to_rgb(
+    y: torch.Tensor,
+    u: torch.Tensor,
+    v: torch.Tensor,
+    kr_kb: tuple[float, float],
+    full_range: bool,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """uint8 luma ``[T, 2h, 2w]`` and chroma ``[T, h, w]`` -> RGB ``[3, T, 2h, 2w]`` in [-1, 1].
+
+    Each chroma sample serves its 2x2 pixels (FFmpeg's fast converter does the same), so a crop
+    cut from this equals the same crop of FFmpeg's full-frame RGB. Scale and offset to [-1, 1] are
+    folded into the matrix, and results are rounded to ``dtype`` as they are written: three passes
+    over the output instead of a chain of them.
+    """
+    frames, height, width = y.shape
+    scale = 2.0 / 255.0
+    if full_range:
+        luma_gain, luma_offset, chroma_gain = scale, -1.0, scale
+    else:
+        luma_gain, chroma_gain = scale * 255.0 / 219.0, scale * 255.0 / 224.0
+        luma_offset = -16.0 * luma_gain - 1.0
+    kr, kb = kr_kb
+    kg = 1.0 - kr - kb
+    cb = u.float().sub_(128.0).mul_(chroma_gain)
+    cr = v.float().sub_(128.0).mul_(chroma_gain)
+    chroma = (
+        (2.0 * (1.0 - kr)) * cr,
+        -(2.0 * kb * (1.0 - kb) / kg) * cb - (2.0 * kr * (1.0 - kr) / kg) * cr,
+        (2.0 * (1.0 - kb)) * cb,
+    )
+    out = torch.empty(3, frames, height // 2, 2, width // 2, 2, dtype=dtype)
+    luma = y.view(frames, height // 2, 2, width // 2, 2)
+    for channel, term in enumerate(chroma):
+        term = term.add_(luma_offset)[:, :, None, :, None]
+        torch.add(term, luma, alpha=luma_gain, out=out[channel])
+    return out.clamp_(-1.0, 1.0).view(3, frames, height, width)
