@@ -3,10 +3,12 @@
 import csv
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
 from tests.conftest import read_metrics, run_cli, run_torchrun
+from tokenizer_posttrain.network import build_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -83,20 +85,33 @@ def test_bad_input_exits_non_zero_with_a_message(override: str, message: str, tm
     assert not (tmp_path / "tiny_cv8x8x8" / "checkpoints").exists()  # failed before any work
 
 
-def test_torchrun_two_processes_on_cpu(tmp_path: Path) -> None:
-    result = run_torchrun(
-        "--factory",
-        "tiny",
-        "trainer.max_steps=2",
-        "data.global_batch_size=4",
-        "data.micro_batch_size=1",
-        "log.export_on_end=false",
-        f"log.log_dir={tmp_path}",
-        cwd=tmp_path,
-        timeout=300,
-    )
+def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_path: Path) -> None:
+    # The same 4 clips per step either way: ranks take alternate positions of one seeded stream,
+    # and DDP averages over ranks what a single process averages over its 4 micro-batches.
+    common = ("--factory", "tiny", "trainer.max_steps=3", "data.global_batch_size=4", "data.micro_batch_size=1")
+    common += ("trainer.precision=32-true", "trainer.seed=1234", "log.export_on_end=false", f"log.log_dir={tmp_path}")
+    result = run_torchrun(*common, "log.name=ddp", cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    ckpt = torch.load(tmp_path / "tiny_cv8x8x8" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["global_step"] == 2
+    single = run_cli(*common, "log.name=single", cwd=tmp_path, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    ddp = torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", weights_only=True)
+    one = torch.load(tmp_path / "single" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ddp["global_step"] == one["global_step"] == 3
     # 4 clips per step over 2 processes at micro batch 1: 2 micro-batches accumulated per step
-    assert ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"] == 4
+    assert ddp["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"] == 6
+    assert one["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"] == 12
+    # Step by step: the gradient norm is taken after DDP's all-reduce, so it sees all 4 clips.
+    norms = [
+        [float(r["train/grad_norm"]) for r in read_metrics(tmp_path / run) if r["train/grad_norm"]]
+        for run in ("ddp", "single")
+    ]
+    assert len(norms[0]) == len(norms[1]) == 3
+    torch.testing.assert_close(norms[0], norms[1], rtol=1e-4, atol=0)
+    # At the end: the runs' weight updates agree to a small fraction of their size (summation
+    # order differs between an all-reduce and accumulation; nothing else may).
+    pl.seed_everything(1234, verbose=False)  # trainer.seed: the run's initial weights
+    start = build_tokenizer("CV8x8x8", channels=16).state_dict()
+    weights = [k for k, v in one["state_dict"].items() if v.is_floating_point()]
+    disagreement = sum(((ddp["state_dict"][k] - one["state_dict"][k]) ** 2).sum() for k in weights).sqrt()
+    update = sum(((one["state_dict"][k] - start[k.removeprefix("network.")]) ** 2).sum() for k in weights).sqrt()
+    assert update > 0.05 and disagreement < 1e-3 * update, (float(disagreement), float(update))
