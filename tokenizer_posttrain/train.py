@@ -24,10 +24,7 @@ from .callbacks import (
     checkpoint_callback,
 )
 from .config import DataConfig, LogConfig, LossConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
-from .data.energon import EnergonVideoDataModule
 from .data.fake import SyntheticVideoDataModule
-from .data.preflight import check_worker_share, preflight
-from .data.task_encoder import ClipSpec
 from .model import TokenizerModel
 from .registry import get_config
 
@@ -101,6 +98,10 @@ def build_datamodule(data: DataConfig, model: ModelConfig, seed: int) -> pl.Ligh
             num_train_samples=data.num_train_samples,
             seed=data.seed,
         )
+    # The video stack (energon, PyAV) only for real data: synthetic runs need just torch.
+    from .data.energon import EnergonVideoDataModule
+    from .data.task_encoder import ClipSpec
+
     spec = ClipSpec(
         frames=data.frames,
         height=data.height,
@@ -125,6 +126,8 @@ def check_data(data: DataConfig, world_size: int, seed: int) -> None:
     """Preflight of a real dataset: refuse to start when its videos cannot give the clips."""
     if data.path is None:
         return
+    from .data.preflight import check_worker_share, preflight
+
     check_worker_share(data.path, world_size, data.num_workers)
     problems = preflight(
         data.path,
@@ -219,7 +222,7 @@ def train(
     module.hparams["data"] = asdict(data)  # for the model card of the export
     datamodule = build_datamodule(data, model, trainer.seed)
     limit_val_batches = trainer.limit_val_batches
-    if isinstance(datamodule, EnergonVideoDataModule) and not datamodule.has_validation:
+    if data.path is not None and not datamodule.has_validation:
         warnings.warn(f"{data.path} has no val split: validation is off", stacklevel=2)
         limit_val_batches = 0
     summary = RunSummary()

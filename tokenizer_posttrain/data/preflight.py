@@ -8,10 +8,9 @@ import tarfile
 from pathlib import Path
 
 import yaml
-from braceexpand import braceexpand
 
-from .probe import VideoProbeError, clip_problems, probe_video
-
+# The video stack (PyAV, energon's helpers) is imported where it is used: runs on synthetic
+# clips, which import this module for DataError, then need none of it.
 VIDEO_SUFFIXES = (".mp4", ".mov", ".m4v", ".mkv", ".webm", ".avi")
 
 
@@ -30,6 +29,8 @@ def train_shards(path: str | Path) -> list[Path]:
             f"data.path={root} is not a prepared energon dataset (no .nv-meta/split.yaml). Make one from a folder of "
             f"videos with: python -m data_tools make-shards VIDEOS {root}"
         )
+    from braceexpand import braceexpand
+
     parts = (yaml.safe_load(split_file.read_text()) or {}).get("split_parts", {})
     # energon writes shard lists with brace ranges, e.g. "{000000..000009}.tar"
     shards = [root / name for pattern in parts.get("train", []) for name in braceexpand(pattern)]
@@ -86,6 +87,8 @@ def preflight(
 ) -> list[str]:
     """Probe a sample of the train videos; raise :class:`DataError` when too many cannot give
     a ``frames x height x width`` clip. Returns the problems found (to warn about)."""
+    from .probe import VideoProbeError, clip_problems, probe_video
+
     shards = train_shards(path)
     if samples <= 0:
         return []
