@@ -1,0 +1,140 @@
+"""Data-parallel scaling of the real training loop: clips/s on 1..N GPUs (not a test).
+
+Runs :func:`tokenizer_posttrain.train.train`, the function ``train_tokenizer.py`` runs, with the
+same Trainer, DDP strategy, LightningModule and checkpointing, under torchrun, on synthetic clips
+made in loader workers (no dataset or video stack needed, so it runs on a bare GPU machine). Only
+the NeMo-Run argument parsing is skipped. Rank 0 prints the median of the run's own
+``train/clips_per_sec`` (global clips over wall time between batch ends) after a warm-up.
+
+    torchrun --nproc-per-node 1 benchmarks/ddp_scaling.py --model CV8x8x8 --micro-batch 8 --steps 60
+    torchrun --nproc-per-node 2 benchmarks/ddp_scaling.py --model CV8x8x8 --micro-batch 8 --steps 60
+
+``--perceptual`` turns the VGG16 loss on with randomly initialised VGG weights (timing only: the
+real weights file is the user's). Extra ``group.key=value`` arguments set any config field, as on
+the command line (e.g. ``model.compile=true``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tokenizer_posttrain import config as cfg  # noqa: E402
+from tokenizer_posttrain.train import train  # noqa: E402
+
+
+def _set(obj: object, dotted: str, text: str) -> None:
+    """``key.sub=value`` on nested config dataclasses; the value parsed as JSON when it parses."""
+    *path, last = dotted.split(".")
+    for part in path:
+        obj = getattr(obj, part)
+    if not is_dataclass(obj) or last not in {f.name for f in fields(obj)}:
+        raise SystemExit(f"unknown config key {dotted}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = text
+    setattr(obj, last, value)
+
+
+def random_vgg_file(directory: Path) -> str:
+    """A VGG16 feature-extractor state dict with random weights, in the key layout the loss reads."""
+    from tokenizer_posttrain.losses import VGG16Features
+
+    path = directory / "vgg16_random.pth"
+    if not path.exists():
+        torch.save(VGG16Features().state_dict(), path)
+    return str(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="CV8x8x8")
+    parser.add_argument("--frames", type=int, default=33)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=20, help="steps left out of the median")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=12,
+        help="loader workers per GPU (a synthetic 33x256x256 clip takes ~90 ms of a core)",
+    )
+    parser.add_argument("--perceptual", action="store_true")
+    parser.add_argument("--out", default=os.environ.get("OUT", tempfile.gettempdir()))
+    parser.add_argument("overrides", nargs="*", help="group.key=value config overrides")
+    args = parser.parse_args()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    name = f"ddp_{args.model}_{world}gpu_b{args.micro_batch}{'_perc' if args.perceptual else ''}"
+    configs = {
+        "model": cfg.ModelConfig(model=args.model),
+        "data": cfg.DataConfig(
+            frames=args.frames,
+            height=args.size,
+            width=args.size,
+            micro_batch_size=args.micro_batch,
+            global_batch_size=args.micro_batch * world,
+            num_workers=args.workers,
+        ),
+        "trainer": cfg.TrainerConfig(
+            max_steps=args.steps,
+            val_check_interval=10**6,
+            limit_val_batches=0,
+            checkpoint_every_n_steps=10**6,
+        ),
+        "optim": cfg.OptimConfig(),
+        "resume": cfg.ResumeConfig(resume_if_exists=False),
+        "log": cfg.LogConfig(log_dir=str(Path(args.out) / "ddp_runs"), name=name, export_on_end=False),
+        "loss": cfg.LossConfig(perceptual_weight=0.1 if args.perceptual else 0.0),
+    }
+    if args.perceptual:
+        configs["loss"].perceptual.weights_path = random_vgg_file(Path(tempfile.gettempdir()))
+    for item in args.overrides:
+        key, _, value = item.partition("=")
+        group, _, rest = key.partition(".")
+        _set(configs[group], rest, value)
+    run_dir = train(**configs)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    rates = []
+    for metrics in sorted((run_dir / "csv").glob("version_*/metrics.csv")):
+        with open(metrics) as f:
+            rates += [
+                (int(r["step"]), float(r["train/clips_per_sec"]))
+                for r in csv.DictReader(f)
+                if r.get("train/clips_per_sec")
+            ]
+    timed = [rate for step, rate in rates if step >= args.warmup]
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+    print(
+        json.dumps(
+            {
+                "run": name,
+                "gpus": world,
+                "micro_batch": args.micro_batch,
+                "clips_per_s": round(statistics.median(timed), 2) if timed else None,
+                "clips_per_s_per_gpu": round(statistics.median(timed) / world, 2) if timed else None,
+                "timed_steps": len(timed),
+                "peak_mem_gib_rank0": round(peak, 1),
+                "overrides": args.overrides,
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
