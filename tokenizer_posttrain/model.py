@@ -36,6 +36,7 @@ class TokenizerModel(pl.LightningModule):
         optim: OptimConfig | None = None,
         loss: LossConfig | None = None,
         max_bad_steps: int = 10,
+        gradient_clip_val: float = 0.0,
     ) -> None:
         super().__init__()
         self.model_config = model or ModelConfig()
@@ -55,6 +56,9 @@ class TokenizerModel(pl.LightningModule):
         )
         self._perceptual = [perceptual] if perceptual is not None else []
         self.max_bad_steps = max_bad_steps
+        # Clipped here, from the norm logged anyway, rather than by Lightning: Lightning refuses to
+        # clip for fused AdamW (our CUDA optimizer) under mixed precision, even bf16, which has no scaler.
+        self.gradient_clip_val = gradient_clip_val
         self.bad_steps = 0
         self._last_batch_end: float | None = None
 
@@ -119,16 +123,18 @@ class TokenizerModel(pl.LightningModule):
             )
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        grads = [p.grad for p in self.network.parameters() if p.grad is not None]
-        if not grads:
+        params = [p for p in self.network.parameters() if p.grad is not None]
+        if not params:
             return
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params]))
         if not torch.isfinite(norm):
             optimizer.zero_grad(set_to_none=True)  # AdamW skips parameters without gradients
             self._bad_step(f"gradient norm is {norm.item()}")
             return
         self.bad_steps = 0
-        self.log("train/grad_norm", norm, batch_size=1)
+        self.log("train/grad_norm", norm, batch_size=1)  # before clipping: what the data asked for
+        if self.gradient_clip_val > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.gradient_clip_val, norm)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         video, mask = self._input(batch)

@@ -218,7 +218,7 @@ def train(
             )
 
     pl.seed_everything(trainer.seed, workers=True, verbose=False)
-    module = TokenizerModel(model, optim, loss, trainer.max_bad_steps)
+    module = TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)
     module.hparams["data"] = asdict(data)  # for the model card of the export
     datamodule = build_datamodule(data, model, trainer.seed)
     limit_val_batches = trainer.limit_val_batches
@@ -256,7 +256,7 @@ def train(
         use_distributed_sampler=False,
         log_every_n_steps=trainer.log_every_n_steps,
         accumulate_grad_batches=par.accumulate_grad_batches,
-        gradient_clip_val=trainer.gradient_clip_val or None,
+        # No gradient_clip_val: the module clips (see TokenizerModel.gradient_clip_val).
         callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
         logger=_loggers(run_dir, log.name),
