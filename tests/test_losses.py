@@ -14,6 +14,7 @@ from tokenizer_posttrain.losses import (
     build_perceptual_loss,
     find_vgg16_weights,
     load_vgg16_features,
+    reconstruction_losses,
 )
 
 # torchvision's VGG16 ``features`` keys and shapes, derived independently of the module from configuration D.
@@ -233,3 +234,19 @@ def test_missing_or_misshapen_feature_key(tmp_path: Path) -> None:
 def test_zero_weight_builds_nothing(empty_hub: Path) -> None:
     assert build_perceptual_loss(0, None) is None
     assert build_perceptual_loss(0.0, "/does/not/exist.pth") is None
+
+
+def test_ready_network_and_channels_last_give_the_same_loss(weights_file: Path, loss: PerceptualLoss) -> None:
+    target, noise = videos(b=1, t=2)
+    recon = target + 0.1 * noise
+    nhwc = PerceptualLoss(vgg=load_vgg16_features(weights_file), channels_last=True)
+    torch.testing.assert_close(nhwc(recon, target), loss(recon, target), rtol=1e-5, atol=0)
+
+
+def test_reconstruction_losses_weights_the_terms(loss: PerceptualLoss) -> None:
+    target, noise = videos(b=1, t=2)
+    recon, mask = target + 0.1 * noise, torch.ones(1, 1, 2, 16, 16)
+    terms = reconstruction_losses(recon, target, mask, 2.0, loss, 0.5)
+    torch.testing.assert_close(terms["l1"], (recon - target).abs().mean())
+    torch.testing.assert_close(terms["loss"], 2.0 * terms["l1"] + 0.5 * terms["perceptual"])
+    assert set(reconstruction_losses(recon, target, mask, 1.0)) == {"l1", "loss"}

@@ -1,12 +1,16 @@
-"""TokenizerModel: fp32 master weights under bf16 autocast, masked loss, real updates."""
+"""TokenizerModel: fp32 master weights under bf16 autocast, masked loss, real updates, speed switches."""
+
+import copy
 
 import pytest
 import torch
 
 from tests.conftest import fit, reference_weights
+from tokenizer_posttrain import model as model_module
 from tokenizer_posttrain.config import LossConfig, ModelConfig, OptimConfig
 from tokenizer_posttrain.metrics import masked_l1, video_psnr
 from tokenizer_posttrain.model import TokenizerModel
+from tokenizer_posttrain.network.acceleration import compile_module_call
 
 NO_VGG = LossConfig(perceptual_weight=0.0)
 
@@ -60,3 +64,34 @@ def test_small_lr_steps_under_bf16_mixed_change_the_fp32_weights(tmp_path) -> No
     assert len(changed) > 0.9 * sum(1 for k, v in before.items() if k.endswith(".weight"))
     with torch.no_grad():
         assert model.losses(model.network(video), video, mask)["loss"] != loss_before
+
+
+def test_speed_switches_are_validated() -> None:
+    for key in ("compile", "channels_last", "activation_checkpointing"):
+        with pytest.raises(ValueError, match=f"model.{key}='yes': use true or false"):
+            ModelConfig(**{key: "yes"})
+
+
+def test_speed_switches_keep_keys_and_results_and_train(tmp_path, monkeypatch) -> None:
+    # Dynamo's capture with backend="eager": Inductor's code generation would take minutes on a CPU
+    # (benchmarks/train_step.py --check compares Inductor's kernels with eager on the GPU).
+    monkeypatch.setattr(model_module, "compile_module_call", lambda fn: compile_module_call(fn, backend="eager"))
+    weights = str(reference_weights("CV8x8x8"))
+    plain = TokenizerModel(ModelConfig(model="CV8x8x8", jit_ckpt_pth=weights, channels=16), loss=NO_VGG)
+    switches = {"compile": True, "channels_last": True, "activation_checkpointing": True}
+    fast = TokenizerModel(ModelConfig(model="CV8x8x8", jit_ckpt_pth=weights, channels=16, **switches), loss=NO_VGG)
+    assert list(fast.state_dict()) == list(plain.state_dict())  # no "_orig_mod." or wrapper keys
+    copy.deepcopy(fast)  # the EMA callback copies the module
+    video = torch.rand(1, 3, 9, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    mask = torch.ones(1, 1, 9, 32, 32)
+    results = []
+    for module in (plain, fast):
+        loss = module._step_terms(video, mask, None)["loss"]
+        loss.backward()
+        results.append((loss.detach(), torch.cat([p.grad.flatten() for p in module.network.parameters()])))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=0)
+    assert (results[1][1] - results[0][1]).norm() / results[0][1].norm() < 1e-5
+    fit(fast, tmp_path, steps=2)  # bf16-mixed through Lightning
+    # After fit the network is plain again, so the export traces the official graph.
+    assert fast.network.encoder.memory_format == torch.contiguous_format
+    assert not fast.network.decoder.activation_checkpointing

@@ -58,6 +58,15 @@ class ModelConfig:
     ema_decay: Optional[float] = None
     """Keep an exponential moving average of the weights with this decay (e.g. 0.999); it is
     used for validation and export."""
+    compile: bool = False
+    """torch.compile the training forward (network, L1 and perceptual loss) as one graph; the
+    first step of each clip shape compiles (about a minute). Checkpoint keys are unchanged."""
+    channels_last: bool = False
+    """Lay activations out channels-last (torch.channels_last_3d; NHWC for the VGG16), the layout
+    of cuDNN's tensor-core convolutions. Same results; pays with model.compile (slower in eager)."""
+    activation_checkpointing: bool = False
+    """Keep only the input of each ResNet block, resampler, stem and head for the backward pass
+    and recompute the rest: far less memory for long or large clips, same results."""
 
     def __post_init__(self) -> None:
         from .registry import resolve_name
@@ -70,6 +79,9 @@ class ModelConfig:
         _require(
             self.channels is None or self.channels > 0, "model.channels", self.channels, "must be a positive integer"
         )
+        for key in ("compile", "channels_last", "activation_checkpointing"):
+            value = getattr(self, key)
+            _require(isinstance(value, bool), f"model.{key}", value, "use true or false")
 
 
 @dataclass

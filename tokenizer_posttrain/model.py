@@ -15,10 +15,11 @@ from torch import Tensor
 from .checkpoint import CONFIG_KEY, load_tokenizer
 from .config import LossConfig, ModelConfig, OptimConfig
 from .data.batch import LOSS_MASK, VIDEO
-from .losses import build_perceptual_loss
+from .losses import PerceptualLoss, build_perceptual_loss, reconstruction_losses
 from .media import side_by_side_frames, write_mp4
-from .metrics import masked_l1, video_psnr, video_ssim
+from .metrics import video_psnr, video_ssim
 from .network import CausalVideoTokenizer, build_tokenizer
+from .network.acceleration import compile_module_call, configure_network
 from .optim import build_optimizer
 from .trainable import configure_trainable
 
@@ -47,20 +48,33 @@ class TokenizerModel(pl.LightningModule):
         )
         self.network = self._build_network(self.model_config)
         self.trainable_names = configure_trainable(self.network, self.model_config.trainable, self.model_config.lora)
+        self._configure_speed(training=True)
         # Built only when its weight is > 0; a missing VGG16 file is an error that says where to put it.
         # Held in a list, not as a child: its frozen 59 MB of VGG weights stay out of checkpoints and DDP.
         perceptual = build_perceptual_loss(
             self.loss_config.perceptual_weight,
             self.loss_config.perceptual.weights_path,
             self.loss_config.perceptual.frame_chunk,
+            channels_last=self.model_config.channels_last,
         )
         self._perceptual = [perceptual] if perceptual is not None else []
+        # A compiled function, not a compiled module: wrapping the network would rename every checkpoint key.
+        self._step_terms = compile_module_call(self._train_terms) if self.model_config.compile else self._train_terms
         self.max_bad_steps = max_bad_steps
         # Clipped here, from the norm logged anyway, rather than by Lightning: Lightning refuses to
         # clip for fused AdamW (our CUDA optimizer) under mixed precision, even bf16, which has no scaler.
         self.gradient_clip_val = gradient_clip_val
         self.bad_steps = 0
         self._last_batch_end: float | None = None
+
+    def _configure_speed(self, training: bool) -> None:
+        """Checkpointing and channels-last while training; the plain network for export afterwards."""
+        cfg = self.model_config
+        configure_network(
+            self.network,
+            activation_checkpointing=training and cfg.activation_checkpointing,
+            channels_last=training and cfg.channels_last,
+        )
 
     @staticmethod
     def _build_network(cfg: ModelConfig) -> CausalVideoTokenizer:
@@ -90,19 +104,24 @@ class TokenizerModel(pl.LightningModule):
             return net._decode(encoded[1] if net.is_discrete else encoded[0])
         return net(video)
 
+    def _perceptual_on(self, device: torch.device) -> PerceptualLoss | None:
+        # Moved here, outside the compiled step: not a child module, so Lightning does not move it.
+        return self._perceptual[0].to(device) if self._perceptual else None
+
     def losses(self, reconstruction: Tensor, video: Tensor, mask: Tensor) -> dict[str, Tensor]:
         cfg = self.loss_config
-        terms = {"l1": masked_l1(reconstruction, video, mask)}
-        total = cfg.l1_weight * terms["l1"]
-        for perceptual in self._perceptual:
-            terms["perceptual"] = perceptual.to(video.device)(reconstruction, video, mask)
-            total = total + cfg.perceptual_weight * terms["perceptual"]
-        terms["loss"] = total
-        return terms
+        perceptual = self._perceptual_on(video.device)
+        return reconstruction_losses(reconstruction, video, mask, cfg.l1_weight, perceptual, cfg.perceptual_weight)
+
+    def _train_terms(self, video: Tensor, mask: Tensor, perceptual: PerceptualLoss | None) -> dict[str, Tensor]:
+        """Forward of network and losses: the part ``model.compile`` compiles as one graph."""
+        cfg = self.loss_config
+        reconstruction = self.reconstruct(video)
+        return reconstruction_losses(reconstruction, video, mask, cfg.l1_weight, perceptual, cfg.perceptual_weight)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
         video, mask = self._input(batch)
-        terms = self.losses(self.reconstruct(video), video, mask)
+        terms = self._step_terms(video, mask, self._perceptual_on(video.device))
         if not torch.isfinite(terms["loss"]):
             self._bad_step(f"loss is {terms['loss'].item()}")
             return None  # Lightning skips backward and the optimizer step
@@ -168,6 +187,9 @@ class TokenizerModel(pl.LightningModule):
             self.log("train/step_time", elapsed, batch_size=1)
         if torch.cuda.is_available() and self.device.type == "cuda":
             self.log("train/gpu_mem_gib", torch.cuda.max_memory_allocated(self.device) / 2**30, batch_size=1)
+
+    def on_fit_end(self) -> None:
+        self._configure_speed(training=False)
 
     def configure_optimizers(self) -> dict:
         return build_optimizer(

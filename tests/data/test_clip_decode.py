@@ -34,8 +34,9 @@ def assert_matches(clip: torch.Tensor, reference: np.ndarray, exact_chroma: bool
     """Within FFmpeg's fixed-point rounding, which differs from exact arithmetic by up to 3 levels.
 
     For limited-range 4:2:0 of even size FFmpeg repeats each chroma sample over its 2x2 pixels, as
-    we do; for full-range (JPEG) video and odd sizes it interpolates chroma, which differs at sharp colour edges only: there
-    the median still tells a right matrix and range (about 1 level) from a wrong one (about 11).
+    we do; for full-range (JPEG) video and odd sizes it interpolates chroma, which differs at sharp
+    colour edges only: there the median still tells a right matrix and range (about 1 level) from a
+    wrong one (about 11).
     """
     diff = np.abs(as_uint8_levels(clip) - reference.astype(np.float32))
     assert np.median(diff) <= 1.5, np.median(diff)

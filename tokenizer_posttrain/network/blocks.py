@@ -18,11 +18,20 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(x)
 
 
+def is_channels_last(x: torch.Tensor) -> bool:
+    """True for a 5D tensor laid out ``[B, T, H, W, C]`` in memory (and not also plainly contiguous)."""
+    return x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous()
+
+
 def replicate_first_frame(x: torch.Tensor, n: int) -> torch.Tensor:
     """Prepend ``n`` copies of frame 0 (causal padding along T)."""
     if n == 0:
         return x
-    return torch.cat([x[:, :, :1].expand(-1, -1, n, -1, -1), x], dim=2)
+    pad = x[:, :, :1].expand(-1, -1, n, -1, -1)
+    if is_channels_last(x):
+        # cat keeps the inputs' layout only when all of them have it; the expanded view has none.
+        pad = pad.contiguous(memory_format=torch.channels_last_3d)
+    return torch.cat([pad, x], dim=2)
 
 
 class CausalConv3d(nn.Module):
@@ -73,9 +82,20 @@ class FrameGroupNorm(nn.Module):
         self.norm = nn.GroupNorm(num_groups=1, num_channels=channels, eps=1e-6, affine=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if is_channels_last(x):
+            return self._forward_channels_last(x)
         b, c, t, h, w = x.shape
         frames = x.transpose(1, 2).reshape(b * t, c, h, w)
         return self.norm(frames).reshape(b, t, c, h, w).transpose(1, 2)
+
+    def _forward_channels_last(self, x: torch.Tensor) -> torch.Tensor:
+        # [B, T, H, W, C] is contiguous here, so each frame is one block of memory: a layer norm over
+        # (H, W, C) is the same normalisation, and the per-channel affine broadcasts over the last axis.
+        # GroupNorm on CUDA would copy the input to NCHW and return NCHW, undoing the layout.
+        frames = x.permute(0, 2, 3, 4, 1)
+        out = F.layer_norm(frames, frames.shape[2:], eps=self.norm.eps)
+        out = out * self.norm.weight + self.norm.bias
+        return out.permute(0, 4, 1, 2, 3)
 
 
 class ResnetBlock(nn.Module):
@@ -150,13 +170,57 @@ class HybridUpsample(nn.Module):
         if not (self.spatial or self.temporal):
             return x
         if self.temporal:
-            # Repeat each frame twice and drop the first: T -> 2T-1 (and 1 -> 1, as the reference).
-            x = x.repeat_interleave(2, dim=2)[:, :, 1:]
+            x = _repeat_frames(x)
             x = self.conv1(x) + x
         if self.spatial:
-            x = x.repeat_interleave(2, dim=3).repeat_interleave(2, dim=4)
+            x = _repeat_pixels(x)
             x = self.conv2(x) + x
         return self.conv3(x)
+
+
+def _repeat_frames(x: torch.Tensor) -> torch.Tensor:
+    """Repeat each frame twice and drop the first: T -> 2T-1 (and 1 -> 1, as the reference)."""
+    if not is_channels_last(x):
+        return x.repeat_interleave(2, dim=2)[:, :, 1:]
+    # Gathering frames 0,1,1,2,2,... of the [B, T, H, W, C] view keeps the channels-last layout
+    # (repeat_interleave returns NCDHW, and a slice of it is not dense).
+    index = torch.arange(1, 2 * x.shape[2], device=x.device) // 2
+    return x.permute(0, 2, 3, 4, 1).index_select(1, index).permute(0, 4, 1, 2, 3)
+
+
+def _repeat_pixels(x: torch.Tensor) -> torch.Tensor:
+    """Nearest-neighbour x2 upsampling of H and W."""
+    if not is_channels_last(x):
+        return x.repeat_interleave(2, dim=3).repeat_interleave(2, dim=4)
+    # Broadcast in the [B, T, H, W, C] view, which keeps the channels-last layout.
+    b, c, t, h, w = x.shape
+    frames = x.permute(0, 2, 3, 4, 1)[:, :, :, None, :, None, :].expand(b, t, h, 2, w, 2, c)
+    return frames.reshape(b, t, 2 * h, 2 * w, c).permute(0, 4, 1, 2, 3)
+
+
+MATMUL_ATTENTION_MAX_SCORES = 2**28
+"""Attention with at most this many scores (sequences x length^2) is computed with two matrix products."""
+
+
+def single_head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(C)) v`` of token sequences ``[N, L, C]``; ``causal``: key j <= query i only.
+
+    The heads are one channel-wide head (C = 512 in the real models). PyTorch's fused attention kernels
+    handle at most 256 channels per head, so SDPA takes its generic kernel, whose backward pass cost more
+    than all convolutions' backward together (8 ms a call, CV8x8x8 at 33x256x256, batch 8, H200). Two
+    batched matrix products are fast here, and their score matrix is small at training sizes; past
+    :data:`MATMUL_ATTENTION_MAX_SCORES` (720p frames: 14,400 tokens) SDPA's memory-efficient kernel keeps
+    the scores out of memory.
+    """
+    n, length, channels = q.shape
+    if n * length * length > MATMUL_ATTENTION_MAX_SCORES:
+        return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], is_causal=causal)[:, 0]
+    scores = torch.bmm(q, k.transpose(1, 2)) * channels**-0.5
+    if causal:
+        future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    # Under autocast softmax runs in fp32 and the product casts back to bf16, as the fused kernels do.
+    return torch.bmm(torch.softmax(scores, dim=-1).to(v.dtype), v)
 
 
 class _Attention(nn.Module):
@@ -178,10 +242,10 @@ class SpatialAttention(_Attention):
         h = self.norm(x)
         b, c, t, hh, ww = x.shape
 
-        def tokens(y: torch.Tensor) -> torch.Tensor:  # [B*T, 1, H*W, C]
-            return y.permute(0, 2, 3, 4, 1).reshape(b * t, 1, hh * ww, c)
+        def tokens(y: torch.Tensor) -> torch.Tensor:  # [B*T, H*W, C]
+            return y.permute(0, 2, 3, 4, 1).reshape(b * t, hh * ww, c)
 
-        out = F.scaled_dot_product_attention(tokens(self.q(h)), tokens(self.k(h)), tokens(self.v(h)))
+        out = single_head_attention(tokens(self.q(h)), tokens(self.k(h)), tokens(self.v(h)), causal=False)
         out = out.reshape(b, t, hh, ww, c).permute(0, 4, 1, 2, 3)
         return x + self.proj_out(out)
 
@@ -193,11 +257,13 @@ class CausalTemporalAttention(_Attention):
         h = self.norm(x)
         b, c, t, hh, ww = x.shape
 
-        def tokens(y: torch.Tensor) -> torch.Tensor:  # [B*H*W, 1, T, C]
-            return y.permute(0, 3, 4, 2, 1).reshape(b * hh * ww, 1, t, c)
+        def tokens(y: torch.Tensor) -> torch.Tensor:  # [B*H*W, T, C]
+            return y.permute(0, 3, 4, 2, 1).reshape(b * hh * ww, t, c)
 
-        out = F.scaled_dot_product_attention(tokens(self.q(h)), tokens(self.k(h)), tokens(self.v(h)), is_causal=True)
+        out = single_head_attention(tokens(self.q(h)), tokens(self.k(h)), tokens(self.v(h)), causal=True)
         out = out.reshape(b, hh, ww, t, c).permute(0, 4, 3, 1, 2)
+        if is_channels_last(x):  # [B, H, W, T, C] in memory: back to the network's layout
+            out = out.contiguous(memory_format=torch.channels_last_3d)
         return x + self.proj_out(out)
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from ..registry import TokenizerConfig
+from .acceleration import run_segment
 from .blocks import (
     FrameGroupNorm,
     HybridDownsample,
@@ -31,12 +33,13 @@ class _Level(nn.Module):
         if resample is not None:
             self.add_module(resample_name, resample)
         self._resample_name = resample_name if resample is not None else None
+        self.activation_checkpointing = False
 
     def forward(self, x: Tensor) -> Tensor:
         for block in self.block:
-            x = block(x)
+            x = run_segment(block, x, self.activation_checkpointing)
         if self._resample_name is not None:
-            x = getattr(self, self._resample_name)(x)
+            x = run_segment(getattr(self, self._resample_name), x, self.activation_checkpointing)
         return x
 
 
@@ -46,9 +49,14 @@ class _Mid(nn.Module):
         self.block_1 = ResnetBlock(channels, channels, dropout)
         self.attn_1 = attention_pair(channels)
         self.block_2 = ResnetBlock(channels, channels, dropout)
+        self.activation_checkpointing = False
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.block_2(self.attn_1(self.block_1(x)))
+        x = run_segment(self.block_1, x, self.activation_checkpointing)
+        # Attention runs at the lowest resolution, where recomputing saves little memory. Checkpointed, with
+        # channels-last activations, Inductor's forward computed wrong values (torch 2.13 on CPU).
+        x = self.attn_1(x)
+        return run_segment(self.block_2, x, self.activation_checkpointing)
 
 
 class Encoder(nn.Module):
@@ -75,13 +83,28 @@ class Encoder(nn.Module):
         self.mid = _Mid(block_in, cfg.dropout)
         self.norm_out = FrameGroupNorm(block_in)
         self.conv_out = factorized_conv(block_in, cfg.z_factor * cfg.z_channels)
+        # Speed and memory switches (set with acceleration.configure_network); not part of the state.
+        self.activation_checkpointing = False
+        self.memory_format = torch.contiguous_format
+
+    def _stem(self, x: Tensor) -> Tensor:
+        # The Haar coefficients come out contiguous whatever the input layout: convert here, once.
+        return self.conv_in(_to_memory_format(self.patcher3d(x), self.memory_format))
+
+    def _head(self, h: Tensor) -> Tensor:
+        return self.conv_out(silu(self.norm_out(h)))
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.conv_in(self.patcher3d(x))
+        h = run_segment(self._stem, x, self.activation_checkpointing)
         for level in self.down:
             h = level(h)
         h = self.mid(h)
-        return self.conv_out(silu(self.norm_out(h)))
+        return run_segment(self._head, h, self.activation_checkpointing)
+
+
+def _to_memory_format(x: Tensor, memory_format: torch.memory_format) -> Tensor:
+    # The default layout adds no operation at all, so traced and exported graphs stay as they were.
+    return x if memory_format == torch.contiguous_format else x.contiguous(memory_format=memory_format)
 
 
 def _decoder_upsample_flags(cfg: TokenizerConfig, level: int) -> tuple[bool, bool]:
@@ -118,10 +141,19 @@ class Decoder(nn.Module):
         self.up = nn.ModuleList(levels)
         self.norm_out = FrameGroupNorm(widths[0])
         self.conv_out = factorized_conv(widths[0], cfg.out_channels * cfg.patch_size**3)
+        self.activation_checkpointing = False
+        self.memory_format = torch.contiguous_format
+
+    def _stem(self, z: Tensor) -> Tensor:
+        return self.conv_in(_to_memory_format(z, self.memory_format))
+
+    def _head(self, h: Tensor) -> Tensor:
+        # The widest activations of the decoder (full resolution, fp32 under autocast): worth recomputing.
+        return self.unpatcher3d(self.conv_out(silu(self.norm_out(h))))
 
     def forward(self, z: Tensor) -> Tensor:
-        h = self.mid(self.conv_in(z))
+        h = run_segment(self._stem, z, self.activation_checkpointing)
+        h = self.mid(h)
         for level in reversed(self.up):
             h = level(h)
-        h = self.conv_out(silu(self.norm_out(h)))
-        return self.unpatcher3d(h)
+        return run_segment(self._head, h, self.activation_checkpointing)
