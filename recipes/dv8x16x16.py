@@ -12,4 +12,4 @@ NAME = "Cosmos-1.0-Tokenizer-DV8x16x16"
 @run.cli.factory(target=train)
 def dv8x16x16(name: str = "cosmos_tokenizer_dv8x16x16", log_dir: str = "outputs") -> run.Partial:
     """Post-train DV8x16x16 on 33x256x256 clips, global batch 8, bf16-mixed, on all local GPUs."""
-    return posttrain_recipe(model(NAME), name, log_dir=log_dir)
+    return posttrain_recipe(model(NAME, fast=True), name, log_dir=log_dir)

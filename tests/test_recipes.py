@@ -41,7 +41,8 @@ def test_gpu_recipes_use_nemo_defaults() -> None:
         trainer.checkpoint_keep,
     ) == ("bf16-mixed", 10000, 100, 1, 1, 100, 3)
     assert kw["resume"].resume_if_exists and kw["resume"].resume_past_end
-    assert kw["model"] == ModelConfig(model="Cosmos-1.0-Tokenizer-CV8x8x8")
+    # NeMo's defaults plus the compiled, channels-last step (eager on a CPU: see train()).
+    assert kw["model"] == ModelConfig(model="Cosmos-1.0-Tokenizer-CV8x8x8", compile=True, channels_last=True)
 
 
 def test_overrides_reach_the_configs() -> None:

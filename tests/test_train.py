@@ -10,7 +10,7 @@ from tests.conftest import fit
 from tokenizer_posttrain.config import DataConfig, LossConfig, ModelConfig, TrainerConfig
 from tokenizer_posttrain.model import TokenizerModel
 from tokenizer_posttrain.optim import build_optimizer
-from tokenizer_posttrain.train import check_clip_shape, resolve_parallelism
+from tokenizer_posttrain.train import check_clip_shape, resolve_compile, resolve_parallelism
 
 
 def test_accumulation_follows_from_the_global_batch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,3 +95,12 @@ def test_clipping_works_with_the_fused_optimizer_cuda_runs_use(tmp_path: Path, m
     assert module.global_step == 2
     # After the optimizer step (Lightning zeroes gradients at the next step): the ones it used.
     assert len(seen) == 2 and all(0 < norm <= 1e-3 * 1.001 for norm in seen), seen
+
+
+def test_compile_is_left_off_on_the_cpu() -> None:
+    # The GPU recipes turn it on; a run that lands on a CPU must not spend minutes in Inductor.
+    fast = ModelConfig(model="CV8x8x8", compile=True, channels_last=True)
+    with pytest.warns(UserWarning, match="model.compile is for GPUs"):
+        on_cpu = resolve_compile(fast, "cpu")
+    assert not on_cpu.compile and on_cpu.channels_last
+    assert resolve_compile(fast, "gpu") is fast

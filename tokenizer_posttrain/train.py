@@ -6,7 +6,7 @@ import os
 import signal
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -84,6 +84,15 @@ def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
     problems = cfg.clip_problems(data.frames, data.height, data.width, ("data.frames", "data.height", "data.width"))
     if problems:
         raise ValueError(f"the clip shape does not fit {cfg.name}: {'; '.join(problems)}")
+
+
+def resolve_compile(model: ModelConfig, accelerator: str) -> ModelConfig:
+    """``model`` with ``compile`` off (and a warning) on a CPU: the GPU recipes turn it on, and on a
+    CPU Inductor would spend minutes generating code for no gain."""
+    if model.compile and accelerator == "cpu":
+        warnings.warn("model.compile is for GPUs: training eagerly on the CPU", stacklevel=2)
+        return replace(model, compile=False)
+    return model
 
 
 def build_datamodule(data: DataConfig, model: ModelConfig, seed: int) -> pl.LightningDataModule:
@@ -205,6 +214,7 @@ def train(
     started = time.time()
     check_clip_shape(model, data)
     par = resolve_parallelism(trainer, data)
+    model = resolve_compile(model, par.accelerator)
     check_data(data, par.world_size, trainer.seed)
     run_dir = Path(log.log_dir) / log.name
     ckpt_dir = run_dir / "checkpoints"
