@@ -119,12 +119,13 @@ class TokenizerModel(pl.LightningModule):
         reconstruction = self.reconstruct(video)
         return reconstruction_losses(reconstruction, video, mask, cfg.l1_weight, perceptual, cfg.perceptual_weight)
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor | None:
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         video, mask = self._input(batch)
         terms = self._step_terms(video, mask, self._perceptual_on(video.device))
-        if not torch.isfinite(terms["loss"]):
-            self._bad_step(f"loss is {terms['loss'].item()}")
-            return None  # Lightning skips backward and the optimizer step
+        # A NaN/Inf loss is not caught here: it makes NaN gradients, which on_before_optimizer_step
+        # detects after DDP's all-reduce, so every rank skips the same step. Returning None on one
+        # rank would leave the others waiting in the all-reduce, and checking here would make the
+        # host wait for the GPU at every micro-batch.
         batch_size = video.shape[0]
         for name, value in terms.items():
             self.log(f"train/{name}", value, prog_bar=name == "loss", batch_size=batch_size)
