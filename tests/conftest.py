@@ -46,15 +46,7 @@ def run_cli(
     *args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """Run ``train_tokenizer.py`` in a fresh process, as a user would."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train_tokenizer.py"), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-    )
+    return run_script(str(ROOT / "train_tokenizer.py"), *args, cwd=cwd, timeout=timeout, env=env)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, str]]:
@@ -116,7 +108,9 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def run_script(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_script(
+    *args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``python ARGS...`` in a fresh process with the repository importable (torchrun, -m modules)."""
     return subprocess.run(
         [sys.executable, *args],
@@ -124,7 +118,7 @@ def run_script(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Comple
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
     )
 
 

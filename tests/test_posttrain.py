@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import ROOT, reference_weights, run_script
+from tests.conftest import reference_weights, run_cli, run_script
 from tests.videos import bigbuckbunny
 from tokenizer_posttrain.checkpoint import load_tokenizer
 from tokenizer_posttrain.export import export_tokenizer
 
 
-def cli(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    return run_script("-m", "tokenizer_posttrain", *args, cwd=cwd, timeout=timeout)
+def cli(*args: str, cwd: Path, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return run_script("-m", "tokenizer_posttrain", *args, cwd=cwd, timeout=timeout, env=env)
 
 
 @pytest.fixture
@@ -79,23 +77,15 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
 
 def test_export_command_writes_files_and_model_card(tmp_path: Path) -> None:
     run = tmp_path / "r"
-    train = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "train_tokenizer.py"),
-            "--factory",
-            "tiny",
-            "trainer.max_steps=2",
-            "trainer.checkpoint_every_n_steps=1",
-            "model.ema_decay=0.9",
-            "log.export_on_end=false",
-            f"log.log_dir={run}",
-        ],
+    train = run_cli(
+        "--factory",
+        "tiny",
+        "trainer.max_steps=2",
+        "trainer.checkpoint_every_n_steps=1",
+        "model.ema_decay=0.9",
+        "log.export_on_end=false",
+        f"log.log_dir={run}",
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert train.returncode == 0, train.stderr[-3000:]
     # a checkpoint from during the run (at the end Lightning copies the EMA into the live weights)
@@ -114,48 +104,39 @@ def test_export_command_writes_files_and_model_card(tmp_path: Path) -> None:
 
 def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base_and_videos: tuple) -> None:
     base, videos = base_and_videos
-    env_home = {"NEMORUN_HOME": str(tmp_path / "nemo_run")}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tokenizer_posttrain",
-            "posttrain",
-            "--base",
-            str(base),
-            "--videos",
-            str(videos),
-            "--out",
-            str(tmp_path / "run"),
-            "--steps",
-            "2",
-            "--frames",
-            "9",
-            "--size",
-            "32",
-            "--resize-short-side",
-            "64",
-            "--num-workers",
-            "0",
-            "--val-fraction",
-            "0.5",
-            "--eval-clips",
-            "1",
-            "--accelerator",
-            "cpu",
-            "--sweep",
-            "--sweep-steps",
-            "2",
-            "--sweep-lrs",
-            "1e-3",
-            "--max-latent-drift",
-            "0.001",
-        ],
+    result = cli(
+        "posttrain",
+        "--base",
+        str(base),
+        "--videos",
+        str(videos),
+        "--out",
+        str(tmp_path / "run"),
+        "--steps",
+        "2",
+        "--frames",
+        "9",
+        "--size",
+        "32",
+        "--resize-short-side",
+        "64",
+        "--num-workers",
+        "0",
+        "--val-fraction",
+        "0.5",
+        "--eval-clips",
+        "1",
+        "--accelerator",
+        "cpu",
+        "--sweep",
+        "--sweep-steps",
+        "2",
+        "--sweep-lrs",
+        "1e-3",
+        "--max-latent-drift",
+        "0.001",
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env_home},
+        env={"NEMORUN_HOME": str(tmp_path / "nemo_run")},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     choice = json.loads((tmp_path / "run" / "sweep" / "choice.json").read_text())

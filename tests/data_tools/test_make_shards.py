@@ -5,9 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -15,18 +13,15 @@ import pytest
 import yaml
 
 from data_tools.__main__ import main
+from tests.conftest import ROOT, run_script
 from tests.data.test_probe import audio_only_mp4
 from tests.videos import encode_video, write_video
 from tokenizer_posttrain.data.probe import probe_video
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def run_tool(*args: object, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``python -m data_tools ARGS`` in a fresh process, as a user runs it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "data_tools", *map(str, args)]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return run_script("-m", "data_tools", *map(str, args), cwd=cwd, timeout=300)
 
 
 def plant_videos(src: Path) -> None:
