@@ -6,7 +6,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from tests.conftest import fit
+from tests.conftest import fit, run_script
 from tokenizer_posttrain.config import DataConfig, LossConfig, ModelConfig, TrainerConfig
 from tokenizer_posttrain.model import TokenizerModel
 from tokenizer_posttrain.optim import build_optimizer
@@ -104,3 +104,22 @@ def test_compile_is_left_off_on_the_cpu() -> None:
         on_cpu = resolve_compile(fast, "cpu")
     assert not on_cpu.compile and on_cpu.channels_last
     assert resolve_compile(fast, "gpu") is fast
+
+
+def test_synthetic_runs_need_no_video_stack() -> None:
+    # benchmarks/ddp_scaling.py runs train() on GPU machines that have neither PyAV, energon nor NeMo-Run.
+    blocked = ("av", "megatron", "braceexpand", "webdataset", "nemo_run")
+    code = (
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        f"        if name.split('.')[0] in {blocked!r}: raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from tokenizer_posttrain.train import build_datamodule\n"
+        "from tokenizer_posttrain.config import DataConfig, ModelConfig\n"
+        "dm = build_datamodule(DataConfig(frames=9, height=32, width=32), ModelConfig(), 0)\n"
+        "print(type(dm).__name__)\n"
+    )
+    result = run_script("-c", code, cwd=Path.cwd(), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "SyntheticVideoDataModule"

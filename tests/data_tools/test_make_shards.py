@@ -110,6 +110,9 @@ def test_copies_and_transcodes(packed: tuple[Path, Path, subprocess.CompletedPro
         info = probe_video(data)
         assert (info.codec, info.frames) == ("h264", 40)
         assert info.fps == pytest.approx(probe_video(src / entries[key]["relpath"]).fps)
+        # x264 writes its settings into the stream: fast to decode (no CABAC, no deblocking), GOP 16
+        settings = data[data.index(b"x264 - core") :][:2000]
+        assert b"cabac=0" in settings and b"deblock=0" in settings and b"keyint=16 " in settings
     # --max-height 100: 256x144 becomes 178x100 (even width, same aspect)
     for key in ("good_24", "nested__h264"):
         assert (entries[key]["width"], entries[key]["height"], entries[key]["transcoded"]) == (178, 100, True)
