@@ -4,7 +4,7 @@ Runs :func:`tokenizer_posttrain.train.train`, the function ``train_tokenizer.py`
 same Trainer, DDP strategy, LightningModule and checkpointing, under torchrun, on synthetic clips
 made in loader workers (no dataset or video stack needed, so it runs on a bare GPU machine). Only
 the NeMo-Run argument parsing is skipped. Rank 0 prints the median of the run's own
-``train/clips_per_sec`` (global clips over wall time between batch ends) after a warm-up.
+``train/clips_per_sec`` (global clips over the wall time of the last 10 batches) after a warm-up.
 
     torchrun --nproc-per-node 1 benchmarks/ddp_scaling.py --model CV8x8x8 --micro-batch 8 --steps 60
     torchrun --nproc-per-node 2 benchmarks/ddp_scaling.py --model CV8x8x8 --micro-batch 8 --steps 60
@@ -78,7 +78,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="group.key=value config overrides")
     args = parser.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    name = f"ddp_{args.model}_{world}gpu_b{args.micro_batch}{'_perc' if args.perceptual else ''}"
+    tag = "".join(f"_{item.rpartition('.')[2]}" for item in args.overrides)  # e.g. _compile=true
+    name = f"ddp_{args.model}_{world}gpu_b{args.micro_batch}{'_perc' if args.perceptual else ''}{tag}"
     configs = {
         "model": cfg.ModelConfig(model=args.model),
         "data": cfg.DataConfig(
@@ -109,14 +110,12 @@ def main() -> None:
     run_dir = train(**configs)
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    rates = []
-    for metrics in sorted((run_dir / "csv").glob("version_*/metrics.csv")):
-        with open(metrics) as f:
-            rates += [
-                (int(r["step"]), float(r["train/clips_per_sec"]))
-                for r in csv.DictReader(f)
-                if r.get("train/clips_per_sec")
-            ]
+    # This run's log only: an earlier run of the same name left version_0, version_1, ...
+    versions = sorted((run_dir / "csv").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:]))
+    with open(versions[-1]) as f:
+        rates = [
+            (int(r["step"]), float(r["train/clips_per_sec"])) for r in csv.DictReader(f) if r.get("train/clips_per_sec")
+        ]
     timed = [rate for step, rate in rates if step >= args.warmup]
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
     print(

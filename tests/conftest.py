@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -76,9 +77,11 @@ def fit(
     steps: int = 3,
     callbacks: list | None = None,
     datamodule: pl.LightningDataModule | None = None,
+    **trainer_kw: Any,
 ) -> pl.Trainer:
-    """A few bf16-mixed CPU training steps of ``module`` on small synthetic clips (no logs, no checkpoints)."""
-    trainer = pl.Trainer(
+    """A few bf16-mixed CPU training steps of ``module`` on small synthetic clips (no logs, no
+    checkpoints, unless ``trainer_kw`` asks: any ``pl.Trainer`` argument)."""
+    options: dict[str, Any] = dict(
         accelerator="cpu",
         max_steps=steps,
         precision="bf16-mixed",
@@ -90,6 +93,7 @@ def fit(
         callbacks=callbacks or [],
         use_distributed_sampler=False,
     )
+    trainer = pl.Trainer(**{**options, **trainer_kw})
     trainer.fit(
         module,
         datamodule=datamodule

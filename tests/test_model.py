@@ -10,6 +10,7 @@ from tokenizer_posttrain import model as model_module
 from tokenizer_posttrain.config import LossConfig, ModelConfig, OptimConfig
 from tokenizer_posttrain.metrics import masked_l1, video_psnr
 from tokenizer_posttrain.model import TokenizerModel
+from tokenizer_posttrain.network import acceleration
 from tokenizer_posttrain.network.acceleration import compile_module_call
 
 NO_VGG = LossConfig(perceptual_weight=0.0)
@@ -72,13 +73,15 @@ def test_speed_switches_are_validated() -> None:
             ModelConfig(**{key: "yes"})
 
 
-def test_speed_switches_keep_keys_and_results_and_train(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("scope", ["step", "blocks"])
+def test_speed_switches_keep_keys_and_results_and_train(tmp_path, monkeypatch, scope) -> None:
     # Dynamo's capture with backend="eager": Inductor's code generation would take minutes on a CPU
     # (benchmarks/train_step.py --check compares Inductor's kernels with eager on the GPU).
     monkeypatch.setattr(model_module, "compile_module_call", lambda fn: compile_module_call(fn, backend="eager"))
+    monkeypatch.setattr(acceleration, "SEGMENT_BACKEND", "eager")
     weights = str(reference_weights("CV8x8x8"))
     plain = TokenizerModel(ModelConfig(model="CV8x8x8", jit_ckpt_pth=weights, channels=16), loss=NO_VGG)
-    switches = {"compile": True, "channels_last": True, "activation_checkpointing": True}
+    switches = {"compile": True, "compile_scope": scope, "channels_last": True, "activation_checkpointing": True}
     fast = TokenizerModel(ModelConfig(model="CV8x8x8", jit_ckpt_pth=weights, channels=16, **switches), loss=NO_VGG)
     assert list(fast.state_dict()) == list(plain.state_dict())  # no "_orig_mod." or wrapper keys
     copy.deepcopy(fast)  # the EMA callback copies the module
@@ -94,4 +97,4 @@ def test_speed_switches_keep_keys_and_results_and_train(tmp_path, monkeypatch) -
     fit(fast, tmp_path, steps=2)  # bf16-mixed through Lightning
     # After fit the network is plain again, so the export traces the official graph.
     assert fast.network.encoder.memory_format == torch.contiguous_format
-    assert not fast.network.decoder.activation_checkpointing
+    assert not fast.network.decoder.activation_checkpointing and not fast.network.decoder.compile_segments

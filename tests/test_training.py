@@ -15,8 +15,9 @@ from tokenizer_posttrain.config import LoRAConfig, LossConfig, ModelConfig, Opti
 from tokenizer_posttrain.data.batch import LOSS_MASK, VIDEO
 from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
 from tokenizer_posttrain.export import export_tokenizer
-from tokenizer_posttrain.model import NonFiniteLossError, TokenizerModel
-from tokenizer_posttrain.optim import lr_factor, param_groups
+from tokenizer_posttrain.model import TokenizerModel
+from tokenizer_posttrain.optim import build_optimizer, lr_factor, param_groups
+from tokenizer_posttrain.step_scalars import NonFiniteLossError
 
 
 def tiny(name: str = "DV8x16x16", **model_kw) -> ModelConfig:  # noqa: ANN003
@@ -165,18 +166,33 @@ class _NaNEvery(SyntheticVideoDataModule):
         return batch
 
 
-def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+def test_non_finite_steps_are_skipped_then_stop_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fused: bool
+) -> None:
+    # CUDA runs use fused AdamW, which skips a step on the device (found_inf) and is read back a step
+    # later; the CPU's AdamW skips by dropping the gradients at once. Both must leave weights finite.
+    monkeypatch.setattr(
+        TokenizerModel,
+        "configure_optimizers",
+        lambda self: build_optimizer(self.network, self.optim_config, self.trainer.max_steps, fused=fused),
+    )
     module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), no_vgg(), max_bad_steps=3)
     before = snapshot(module)
     with pytest.warns(UserWarning, match="step skipped"):
-        fit(module, tmp_path, steps=3, datamodule=_NaNEvery({0, 1}))  # two bad steps, then a good one
+        trainer = fit(module, tmp_path, steps=3, datamodule=_NaNEvery({0, 1}))  # two bad steps, then a good one
     assert module.bad_steps == 0 and all(
         torch.isfinite(v).all() for v in module.network.state_dict().values() if v.is_floating_point()
     )
     assert any(not torch.equal(before[k], v) for k, v in module.network.state_dict().items())
+    optimizer = trainer.optimizers[0]
+    assert optimizer.defaults["fused"] is fused
+    # One update happened: AdamW's step count (its bias correction) saw none of the skipped steps.
+    assert {float(optimizer.state[p]["step"]) for p in module.network.parameters()} == {1.0}
     module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), no_vgg(), max_bad_steps=3)
     with pytest.raises(NonFiniteLossError, match="3 steps in a row"), pytest.warns(UserWarning):
         fit(module, tmp_path, steps=5, datamodule=_NaNEvery({0, 1, 2, 3}))
+    assert all(torch.isfinite(v).all() for v in module.network.state_dict().values() if v.is_floating_point())
 
 
 def test_cosine_schedule_reaches_the_optimizer(tmp_path: Path) -> None:
@@ -205,3 +221,59 @@ def test_rng_states_travel_with_checkpoints() -> None:
     callback.on_load_checkpoint(None, None, checkpoint)  # type: ignore[arg-type]
     got = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
+
+
+class _Recorder(pl.loggers.Logger):
+    """Keeps what reaches a logger: ``(step, {name: value})`` per call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recorder"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: object, *args: object, **kwargs: object) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append((int(step or 0), dict(metrics)))
+
+
+def test_step_scalars_reach_the_loggers_as_the_mean_over_micro_batches(tmp_path: Path) -> None:
+    # The losses and gradient norm travel to the host a step late (no GPU wait); they must still be
+    # logged at Lightning's cadence, under the step they belong to, as the optimizer step's mean.
+    micro: list[float] = []
+
+    class MicroLosses(pl.Callback):
+        def on_train_batch_end(
+            self, trainer: pl.Trainer, module: pl.LightningModule, outputs: dict, *_: object
+        ) -> None:
+            micro.append(float(outputs["loss"]) * trainer.accumulate_grad_batches)  # Lightning divides it
+
+    recorder = _Recorder()
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), no_vgg())
+    trainer = fit(
+        module,
+        tmp_path,
+        steps=4,
+        callbacks=[MicroLosses()],
+        logger=recorder,
+        accumulate_grad_batches=2,
+        log_every_n_steps=2,
+    )
+    logged = {step: row for step, row in recorder.rows if "train/loss" in row}
+    assert sorted(logged) == [1, 3]  # where Lightning logs its own metrics with log_every_n_steps=2
+    for step, row in logged.items():
+        mean = (micro[2 * step] + micro[2 * step + 1]) / 2
+        assert row["train/loss"] == pytest.approx(mean, rel=1e-5)
+        assert row["train/l1"] == pytest.approx(mean, rel=1e-5)  # no perceptual term
+        assert row["train/grad_norm"] > 0
+    assert module.loss_history == [(step, logged[step]["train/loss"]) for step in (1, 3)]
+    # The progress bar shows a value already on the host (on a CPU, read back at once: the last one).
+    assert trainer.progress_bar_metrics["train/loss"] == pytest.approx(logged[3]["train/loss"], rel=1e-5)

@@ -64,29 +64,29 @@ class PreemptionCheckpoint(pl.Callback):
 
 
 class RunSummary(pl.Callback):
-    """Keeps the loss and validation history of this run; at the end prints a summary and
-    draws ``loss_curve.png``."""
+    """Keeps the validation history of this run; at the end prints a summary and draws ``loss_curve.png``
+    from the training losses the module logged."""
 
     def __init__(self) -> None:
-        self.losses: list[tuple[int, Any]] = []
         self.val_psnr: list[tuple[int, float]] = []
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        loss = trainer.callback_metrics.get("train/loss")
-        if loss is not None:
-            self.losses.append((trainer.global_step, loss.detach().clone()))  # no .item(): no GPU sync per step
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         psnr = trainer.callback_metrics.get("val/psnr")
         if psnr is not None and not trainer.sanity_checking:
             self.val_psnr.append((trainer.global_step, float(psnr)))
 
-    def report(self, run_dir: Path, steps: int, seconds: float, ckpt_dir: Path, export_dir: Path | None) -> None:
-        """Print the summary (and write the loss curve) of a finished run."""
+    def report(
+        self,
+        run_dir: Path,
+        steps: int,
+        seconds: float,
+        losses: list[tuple[int, float]],
+        ckpt_dir: Path,
+        export_dir: Path | None,
+    ) -> None:
+        """Print the summary (and write the loss curve of ``(step, loss)`` ``losses``) of a finished run."""
         lines = [f"Run finished: {steps} steps in {seconds / 60:.1f} min"]
-        values = [(s, float(v)) for s, v in self.losses]
+        values = losses
         if len(values) >= 2:
             n = min(5, len(values) // 2)
             first, last = (sum(v for _, v in part) / n for part in (values[:n], values[-n:]))

@@ -16,6 +16,7 @@ def _require(ok: bool, key: str, value: object, what: str) -> None:
         raise ValueError(f"invalid {key}={value!r}: {what}")
 
 
+_COMPILE_SCOPES = ("step", "blocks")
 _TRAINABLE = ("all", "decoder", "encoder")
 _SCHEDULES = ("constant", "cosine", "linear")
 
@@ -59,8 +60,12 @@ class ModelConfig:
     """Keep an exponential moving average of the weights with this decay (e.g. 0.999); it is
     used for validation and export."""
     compile: bool = False
-    """torch.compile the training forward (network, L1 and perceptual loss) as one graph; the
-    first step of each clip shape compiles (about a minute). Checkpoint keys are unchanged."""
+    """torch.compile the training forward (network, L1 and perceptual loss); the first step of
+    each clip shape compiles (about a minute). Checkpoint keys are unchanged."""
+    compile_scope: str = "step"
+    """With model.compile: 'step' compiles network and losses as one graph; 'blocks' compiles each
+    ResNet block, resampler, attention, stem and head, and the losses, on their own, so DDP can
+    all-reduce gradients while the backward pass still runs (docs/benchmarks.md compares them)."""
     channels_last: bool = False
     """Lay activations out channels-last (torch.channels_last_3d; NHWC for the VGG16), the layout
     of cuDNN's tensor-core convolutions. Same results; pays with model.compile (slower in eager)."""
@@ -82,6 +87,7 @@ class ModelConfig:
         for key in ("compile", "channels_last", "activation_checkpointing"):
             value = getattr(self, key)
             _require(isinstance(value, bool), f"model.{key}", value, "use true or false")
+        _require(self.compile_scope in _COMPILE_SCOPES, "model.compile_scope", self.compile_scope, "use step or blocks")
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,11 @@ from .metrics import video_psnr, video_ssim
 from .network import CausalVideoTokenizer, build_tokenizer
 from .network.acceleration import compile_module_call, configure_network
 from .optim import build_optimizer
+from .step_scalars import DeviceScalars, NonFiniteSteps, skip_flag
 from .trainable import configure_trainable
 
-
-class NonFiniteLossError(RuntimeError):
-    """Too many optimizer steps in a row had a NaN/Inf loss or gradient."""
+THROUGHPUT_WINDOW = 10
+"""Batches over which ``train/clips_per_sec`` and ``train/step_time`` are averaged."""
 
 
 class TokenizerModel(pl.LightningModule):
@@ -58,14 +59,22 @@ class TokenizerModel(pl.LightningModule):
             channels_last=self.model_config.channels_last,
         )
         self._perceptual = [perceptual] if perceptual is not None else []
-        # A compiled function, not a compiled module: wrapping the network would rename every checkpoint key.
-        self._step_terms = compile_module_call(self._train_terms) if self.model_config.compile else self._train_terms
-        self.max_bad_steps = max_bad_steps
+        # Compiled functions, not compiled modules: wrapping the network would rename every checkpoint key.
+        compiled, scope = self.model_config.compile, self.model_config.compile_scope
+        self._step_terms = compile_module_call(self._train_terms) if compiled and scope == "step" else self._train_terms
+        self._loss_terms = (
+            compile_module_call(reconstruction_losses) if compiled and scope == "blocks" else reconstruction_losses
+        )
+        self.nonfinite = NonFiniteSteps(max_bad_steps)
+        self._to_host = DeviceScalars()
+        self._step_sums: dict[str, Tensor] = {}  # loss terms summed over this optimizer step's micro-batches
+        self._micro_batches = 0
+        self.loss_history: list[tuple[int, float]] = []
+        """``(optimizer step, train/loss)`` of every logged step."""
         # Clipped here, from the norm logged anyway, rather than by Lightning: Lightning refuses to
         # clip for fused AdamW (our CUDA optimizer) under mixed precision, even bf16, which has no scaler.
         self.gradient_clip_val = gradient_clip_val
-        self.bad_steps = 0
-        self._last_batch_end: float | None = None
+        self._batch_ends: deque[tuple[float, int]] = deque(maxlen=THROUGHPUT_WINDOW + 1)
 
     def _configure_speed(self, training: bool) -> None:
         """Checkpointing and channels-last while training; the plain network for export afterwards."""
@@ -74,6 +83,7 @@ class TokenizerModel(pl.LightningModule):
             self.network,
             activation_checkpointing=training and cfg.activation_checkpointing,
             channels_last=training and cfg.channels_last,
+            compile_segments=training and cfg.compile and cfg.compile_scope == "blocks",
         )
 
     @staticmethod
@@ -114,47 +124,71 @@ class TokenizerModel(pl.LightningModule):
         return reconstruction_losses(reconstruction, video, mask, cfg.l1_weight, perceptual, cfg.perceptual_weight)
 
     def _train_terms(self, video: Tensor, mask: Tensor, perceptual: PerceptualLoss | None) -> dict[str, Tensor]:
-        """Forward of network and losses: the part ``model.compile`` compiles as one graph."""
+        """Forward of network and losses: the part ``model.compile`` compiles (as one graph, or in pieces)."""
         cfg = self.loss_config
         reconstruction = self.reconstruct(video)
-        return reconstruction_losses(reconstruction, video, mask, cfg.l1_weight, perceptual, cfg.perceptual_weight)
+        return self._loss_terms(reconstruction, video, mask, cfg.l1_weight, perceptual, cfg.perceptual_weight)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         video, mask = self._input(batch)
         terms = self._step_terms(video, mask, self._perceptual_on(video.device))
         # A NaN/Inf loss is not caught here: it makes NaN gradients, which on_before_optimizer_step
         # detects after DDP's all-reduce, so every rank skips the same step. Returning None on one
-        # rank would leave the others waiting in the all-reduce, and checking here would make the
-        # host wait for the GPU at every micro-batch.
-        batch_size = video.shape[0]
+        # rank would leave the others waiting in the all-reduce.
         for name, value in terms.items():
-            self.log(f"train/{name}", value, prog_bar=name == "loss", batch_size=batch_size)
+            value = value.detach()
+            self._step_sums[name] = self._step_sums[name] + value if name in self._step_sums else value
+        self._micro_batches += 1
         return terms["loss"]
 
-    def _bad_step(self, why: str) -> None:
-        self.bad_steps += 1
-        self.log("train/bad_steps", float(self.bad_steps), batch_size=1)
-        warnings.warn(f"step {self.global_step}: {why}; step skipped ({self.bad_steps} in a row)", stacklevel=2)
-        if self.bad_steps >= self.max_bad_steps:
-            raise NonFiniteLossError(
-                f"{self.bad_steps} steps in a row had a NaN/Inf loss or gradient (trainer.max_bad_steps="
-                f"{self.max_bad_steps}); stopping. The newest checkpoint is from before them: lower optim.lr, "
-                "check the data (python -m data_tools check) or use trainer.precision=32-true, then resume."
-            )
+    @property
+    def bad_steps(self) -> int:
+        """Optimizer steps skipped in a row so far for a NaN/Inf gradient norm (as far as read back)."""
+        return self.nonfinite.in_a_row
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        step = self.global_step
+        scalars = {f"train/{name}": total / self._micro_batches for name, total in self._step_sums.items()}
+        self._step_sums, self._micro_batches = {}, 0
         params = [p for p in self.network.parameters() if p.grad is not None]
         if not params:
             return
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params]))
-        if not torch.isfinite(norm):
+        # After DDP's all-reduce: the same norm, hence the same verdict, on every rank.
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        self._to_host.push(step, {**scalars, "train/grad_norm": norm})  # grad_norm: before clipping
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's wrapper, if any
+        fused = bool(optimizer.defaults.get("fused"))
+        if fused:
+            # Fused AdamW leaves parameters, moments and step count alone where found_inf is 1 (the
+            # hook GradScaler uses), on the device: no host wait; the verdict is read a step later.
+            optimizer.found_inf = skip_flag(norm)  # type: ignore[attr-defined]
+        if self._settle(keep_last=1 if fused else 0) and not fused:  # the verdict is this step's
             optimizer.zero_grad(set_to_none=True)  # AdamW skips parameters without gradients
-            self._bad_step(f"gradient norm is {norm.item()}")
             return
-        self.bad_steps = 0
-        self.log("train/grad_norm", norm, batch_size=1)  # before clipping: what the data asked for
         if self.gradient_clip_val > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, self.gradient_clip_val, norm)
+            torch.nn.utils.clip_grads_with_norm_(params, self.gradient_clip_val, norm, foreach=True)
+
+    def _settle(self, keep_last: int, to_bar: bool = True) -> bool:
+        """Read back the queued steps' scalars: skip verdicts, loggers, progress bar. Whether the
+        newest step read was skipped."""
+        skipped = False
+        every = self.trainer.log_every_n_steps if self._trainer else 1
+        for step, values in self._to_host.pop(keep_last):
+            skipped = self.nonfinite.check(step, values["train/grad_norm"])
+            if skipped:
+                values["train/bad_steps"] = float(self.nonfinite.in_a_row)
+            if (step + 1) % every == 0 or skipped:  # Lightning's own logging cadence and step numbers
+                for logger in self.loggers:
+                    logger.log_metrics(values, step=step)
+                if "train/loss" in values:
+                    self.loss_history.append((step, values["train/loss"]))
+                if "train/loss" in values and to_bar:
+                    # A CPU value: the bar reads it without waiting for the GPU.
+                    self.log("train/loss", torch.tensor(values["train/loss"]), prog_bar=True, logger=False)
+        return skipped
+
+    def on_train_end(self) -> None:
+        self._settle(keep_last=0, to_bar=False)  # the last step's verdict and scalars (no self.log here)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         video, mask = self._input(batch)
@@ -177,17 +211,18 @@ class TokenizerModel(pl.LightningModule):
                 logger.experiment.log({"val/video": wandb.Video(str(path), format="mp4")}, step=self.global_step)
 
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
-        # Wall time between successive batch ends: it includes data loading, and on a GPU the
-        # queue of asynchronous kernels catches up, unlike timing one batch's Python calls.
-        now = time.perf_counter()
-        last, self._last_batch_end = self._last_batch_end, now
-        if last is not None:
-            elapsed = now - last
-            clips = batch[VIDEO].shape[0] * self.trainer.world_size
-            self.log("train/clips_per_sec", clips / max(elapsed, 1e-9), batch_size=1, prog_bar=True)
-            self.log("train/step_time", elapsed, batch_size=1)
-        if torch.cuda.is_available() and self.device.type == "cuda":
-            self.log("train/gpu_mem_gib", torch.cuda.max_memory_allocated(self.device) / 2**30, batch_size=1)
+        # Clips over the wall time of the last few batches: it includes data loading, and on a GPU
+        # the queue of asynchronous kernels keeps the host no more than a step ahead. Logged as CPU
+        # tensors: a Python number would become a CUDA tensor, a copy that waits for the GPU.
+        self._batch_ends.append((time.perf_counter(), batch[VIDEO].shape[0] * self.trainer.world_size))
+        if len(self._batch_ends) > 1:
+            elapsed = self._batch_ends[-1][0] - self._batch_ends[0][0]
+            clips = sum(n for _, n in list(self._batch_ends)[1:])
+            self.log("train/clips_per_sec", torch.tensor(clips / max(elapsed, 1e-9)), batch_size=1, prog_bar=True)
+            self.log("train/step_time", torch.tensor(elapsed / (len(self._batch_ends) - 1)), batch_size=1)
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+            self.log("train/gpu_mem_gib", torch.tensor(peak), batch_size=1)
 
     def on_fit_end(self) -> None:
         self._configure_speed(training=False)

@@ -284,5 +284,7 @@ def train(
             from .export import export_tokenizer
 
             export_dir = export_tokenizer(module.network, run_dir / "export")
-        summary.report(run_dir, lightning_trainer.global_step, time.time() - started, ckpt_dir, export_dir)
+        summary.report(
+            run_dir, lightning_trainer.global_step, time.time() - started, module.loss_history, ckpt_dir, export_dir
+        )
     return run_dir

@@ -129,6 +129,8 @@ class SyntheticVideoDataModule(pl.LightningDataModule):
             sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            # Page-locked batches copy to the GPU asynchronously, beside the running step.
+            pin_memory=torch.cuda.is_available(),
         )
 
     def val_dataloader(self) -> DataLoader:

@@ -15,6 +15,7 @@ of the network without wrapping the module (which would prefix every checkpoint 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -25,24 +26,60 @@ from torch.utils.checkpoint import checkpoint
 Fn = TypeVar("Fn", bound=Callable)
 
 
-def run_segment(fn: Callable[[Tensor], Tensor], x: Tensor, recompute: bool) -> Tensor:
-    """``fn(x)``; with ``recompute`` (and autograd recording) its activations are recomputed in backward."""
+# Every ResNet block of the network runs through one compiled ``ResnetBlock.forward``: one code
+# object, compiled once per distinct input shape and width (about 20 in the Cosmos networks).
+SEGMENT_RECOMPILE_LIMIT = 64
+SEGMENT_BACKEND = "inductor"
+_compiled_functions: dict[tuple[Callable, str], Callable] = {}
+
+
+def run_segment(fn: Callable[[Tensor], Tensor], x: Tensor, recompute: bool, compiled: bool = False) -> Tensor:
+    """``fn(x)``; with ``recompute`` (and autograd recording) its activations are recomputed in backward;
+    with ``compiled``, through ``torch.compile`` of ``fn``'s class function (see :func:`compiled_segment`)."""
+    if compiled:
+        fn = compiled_segment(fn)
     if recompute and torch.is_grad_enabled():
         # Non-reentrant: works under torch.compile, with inputs that need no grad and with nested no_grad.
         return checkpoint(fn, x, use_reentrant=False)
     return fn(x)
 
 
-def configure_network(network: nn.Module, activation_checkpointing: bool = False, channels_last: bool = False) -> None:
-    """Switch activation checkpointing and channels-last activations of a tokenizer on or off, in place.
+def compiled_segment(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """``fn`` (a module or a bound method) as a call of the compiled function of its class.
+
+    The compiled function lives in a module-level cache, not on the instance, so a deep copy of the
+    network (the EMA callback makes one) holds no function bound to the original's weights.
+    """
+    func, owner = (type(fn).forward, fn) if isinstance(fn, nn.Module) else (fn.__func__, fn.__self__)  # type: ignore[attr-defined]
+    key = (func, SEGMENT_BACKEND)
+    compiled = _compiled_functions.get(key)
+    if compiled is None:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, SEGMENT_RECOMPILE_LIMIT)
+        compiled = _compiled_functions[key] = torch.compile(func, backend=SEGMENT_BACKEND, dynamic=False)
+    return functools.partial(compiled, owner)
+
+
+def configure_network(
+    network: nn.Module,
+    activation_checkpointing: bool = False,
+    channels_last: bool = False,
+    compile_segments: bool = False,
+) -> None:
+    """Switch activation checkpointing, channels-last activations and compiled segments of a tokenizer on
+    or off, in place.
 
     Every module with an ``activation_checkpointing`` attribute (encoder, decoder and their levels) gets
-    the flag; the encoder and decoder get the memory format they convert their stems' outputs to.
+    the flags; the encoder and decoder get the memory format they convert their stems' outputs to.
+    ``compile_segments`` compiles each ResNet block, resampler, attention pair, stem and head on its own:
+    the backward pass is then a chain of compiled pieces, so DDP all-reduces the gradients of the
+    pieces already done while the rest of the backward runs (one compiled graph hands DDP every
+    gradient at its very end).
     """
     memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
     for module in network.modules():
         if hasattr(module, "activation_checkpointing"):
             module.activation_checkpointing = activation_checkpointing
+            module.compile_segments = compile_segments
         if hasattr(module, "memory_format"):
             module.memory_format = memory_format
 

@@ -34,12 +34,14 @@ class _Level(nn.Module):
             self.add_module(resample_name, resample)
         self._resample_name = resample_name if resample is not None else None
         self.activation_checkpointing = False
+        self.compile_segments = False
 
     def forward(self, x: Tensor) -> Tensor:
         for block in self.block:
-            x = run_segment(block, x, self.activation_checkpointing)
+            x = run_segment(block, x, self.activation_checkpointing, self.compile_segments)
         if self._resample_name is not None:
-            x = run_segment(getattr(self, self._resample_name), x, self.activation_checkpointing)
+            resample = getattr(self, self._resample_name)
+            x = run_segment(resample, x, self.activation_checkpointing, self.compile_segments)
         return x
 
 
@@ -50,13 +52,14 @@ class _Mid(nn.Module):
         self.attn_1 = attention_pair(channels)
         self.block_2 = ResnetBlock(channels, channels, dropout)
         self.activation_checkpointing = False
+        self.compile_segments = False
 
     def forward(self, x: Tensor) -> Tensor:
-        x = run_segment(self.block_1, x, self.activation_checkpointing)
+        x = run_segment(self.block_1, x, self.activation_checkpointing, self.compile_segments)
         # Attention runs at the lowest resolution, where recomputing saves little memory. Checkpointed, with
         # channels-last activations, Inductor's forward computed wrong values (torch 2.13 on CPU).
-        x = self.attn_1(x)
-        return run_segment(self.block_2, x, self.activation_checkpointing)
+        x = run_segment(self.attn_1, x, False, self.compile_segments)
+        return run_segment(self.block_2, x, self.activation_checkpointing, self.compile_segments)
 
 
 class Encoder(nn.Module):
@@ -85,6 +88,7 @@ class Encoder(nn.Module):
         self.conv_out = factorized_conv(block_in, cfg.z_factor * cfg.z_channels)
         # Speed and memory switches (set with acceleration.configure_network); not part of the state.
         self.activation_checkpointing = False
+        self.compile_segments = False
         self.memory_format = torch.contiguous_format
 
     def _stem(self, x: Tensor) -> Tensor:
@@ -95,11 +99,11 @@ class Encoder(nn.Module):
         return self.conv_out(silu(self.norm_out(h)))
 
     def forward(self, x: Tensor) -> Tensor:
-        h = run_segment(self._stem, x, self.activation_checkpointing)
+        h = run_segment(self._stem, x, self.activation_checkpointing, self.compile_segments)
         for level in self.down:
             h = level(h)
         h = self.mid(h)
-        return run_segment(self._head, h, self.activation_checkpointing)
+        return run_segment(self._head, h, self.activation_checkpointing, self.compile_segments)
 
 
 def _to_memory_format(x: Tensor, memory_format: torch.memory_format) -> Tensor:
@@ -142,6 +146,7 @@ class Decoder(nn.Module):
         self.norm_out = FrameGroupNorm(widths[0])
         self.conv_out = factorized_conv(widths[0], cfg.out_channels * cfg.patch_size**3)
         self.activation_checkpointing = False
+        self.compile_segments = False
         self.memory_format = torch.contiguous_format
 
     def _stem(self, z: Tensor) -> Tensor:
@@ -152,8 +157,8 @@ class Decoder(nn.Module):
         return self.unpatcher3d(self.conv_out(silu(self.norm_out(h))))
 
     def forward(self, z: Tensor) -> Tensor:
-        h = run_segment(self._stem, z, self.activation_checkpointing)
+        h = run_segment(self._stem, z, self.activation_checkpointing, self.compile_segments)
         h = self.mid(h)
         for level in reversed(self.up):
             h = level(h)
-        return run_segment(self._head, h, self.activation_checkpointing)
+        return run_segment(self._head, h, self.activation_checkpointing, self.compile_segments)
