@@ -73,13 +73,21 @@ def main() -> None:
         default=12,
         help="loader workers per GPU (a synthetic 33x256x256 clip takes ~90 ms of a core)",
     )
+    parser.add_argument(
+        "--cached-clips",
+        type=int,
+        default=0,
+        help="train on this many synthetic clips, each made once per worker and then served from memory "
+        "(takes the clip generator's CPU time out of the measurement; 0: a fresh clip every time)",
+    )
     parser.add_argument("--perceptual", action="store_true")
     parser.add_argument("--out", default=os.environ.get("OUT", tempfile.gettempdir()))
     parser.add_argument("overrides", nargs="*", help="group.key=value config overrides")
     args = parser.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tag = "".join(f"_{item.rpartition('.')[2]}" for item in args.overrides)  # e.g. _compile=true
-    name = f"ddp_{args.model}_{world}gpu_b{args.micro_batch}{'_perc' if args.perceptual else ''}{tag}"
+    cached = f"_cached{args.cached_clips}" if args.cached_clips else ""
+    name = f"ddp_{args.model}_{world}gpu_b{args.micro_batch}{'_perc' if args.perceptual else ''}{cached}{tag}"
     configs = {
         "model": cfg.ModelConfig(model=args.model),
         "data": cfg.DataConfig(
@@ -89,6 +97,7 @@ def main() -> None:
             micro_batch_size=args.micro_batch,
             global_batch_size=args.micro_batch * world,
             num_workers=args.workers,
+            **({"num_train_samples": args.cached_clips, "synthetic_cache": True} if args.cached_clips else {}),
         ),
         "trainer": cfg.TrainerConfig(
             max_steps=args.steps,

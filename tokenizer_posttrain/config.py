@@ -126,6 +126,9 @@ class DataConfig:
     """Videos probed before launch to check they can give the clip shape (0 disables)."""
     num_train_samples: int = 10_000
     """Synthetic data only: clips per epoch."""
+    synthetic_cache: bool = False
+    """Synthetic data only: each loader worker keeps the clips it made and serves them again, so
+    the clip generator's CPU time stays out of speed measurements (use few num_train_samples)."""
     seed: int = 1234
     """Synthetic data only: base seed of the clip generator."""
 

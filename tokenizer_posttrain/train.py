@@ -105,6 +105,7 @@ def build_datamodule(data: DataConfig, model: ModelConfig, seed: int) -> pl.Ligh
             micro_batch_size=data.micro_batch_size,
             num_workers=data.num_workers,
             num_train_samples=data.num_train_samples,
+            cache=data.synthetic_cache,
             seed=data.seed,
         )
     # The video stack (energon, PyAV) only for real data: synthetic runs need just torch.

@@ -25,3 +25,12 @@ def test_loaders_batch_plain_dicts_on_cpu_workers() -> None:
     assert set(batch) == {VIDEO, LOSS_MASK}
     assert batch[VIDEO].shape == (2, 3, 9, 32, 32) and batch[VIDEO].device.type == "cpu"
     assert next(iter(dm.val_dataloader()))[VIDEO].shape == (2, 3, 9, 32, 32)
+
+
+def test_cached_clips_are_the_same_clips_made_once() -> None:
+    plain = SyntheticVideoDataset(3, frames=5, height=16, width=16, seed=4)
+    cached = SyntheticVideoDataset(3, frames=5, height=16, width=16, seed=4, cache=True)
+    first = cached[1][VIDEO]
+    assert cached[1][VIDEO] is first  # served from memory the second time
+    assert torch.equal(first, plain[1][VIDEO]) and first.dtype == torch.bfloat16
+    assert not torch.equal(cached[2][VIDEO], first)

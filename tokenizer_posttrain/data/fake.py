@@ -45,18 +45,32 @@ class SyntheticVideoDataset(Dataset):
     """``num_samples`` clips; clip ``i`` depends only on ``(seed, i)``."""
 
     def __init__(
-        self, num_samples: int, frames: int, height: int, width: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16
+        self,
+        num_samples: int,
+        frames: int,
+        height: int,
+        width: int,
+        seed: int = 0,
+        dtype: torch.dtype = torch.bfloat16,
+        cache: bool = False,
     ) -> None:
         self.num_samples, self.frames, self.height, self.width = num_samples, frames, height, width
         self.seed, self.dtype = seed, dtype
+        # Filled in each loader worker on its own (a copy of the dataset lives in every worker).
+        self._cache: dict[int, torch.Tensor] | None = {} if cache else None
 
     def __len__(self) -> int:
         return self.num_samples
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        clip = synthetic_clip(self.frames, self.height, self.width, self.seed * 1_000_003 + index)
+        clip = None if self._cache is None else self._cache.get(index)
+        if clip is None:
+            clip = synthetic_clip(self.frames, self.height, self.width, self.seed * 1_000_003 + index).to(self.dtype)
+            if self._cache is not None:
+                self._cache[index] = clip
         mask = torch.ones(1, self.frames, self.height, self.width, dtype=self.dtype)
-        return {VIDEO: clip.to(self.dtype), LOSS_MASK: mask}
+        # The collation stacks clips into a new batch tensor: the cached one never leaves the worker.
+        return {VIDEO: clip, LOSS_MASK: mask}
 
 
 class StreamSampler(Sampler[int]):
@@ -103,10 +117,11 @@ class SyntheticVideoDataModule(pl.LightningDataModule):
         num_train_samples: int = 10_000,
         num_val_samples: int = 64,
         seed: int = 1234,
+        cache: bool = False,
     ) -> None:
         super().__init__()
         shape = dict(frames=frames, height=height, width=width)
-        self.train_set = SyntheticVideoDataset(num_train_samples, seed=seed, **shape)
+        self.train_set = SyntheticVideoDataset(num_train_samples, seed=seed, cache=cache, **shape)
         self.val_set = SyntheticVideoDataset(num_val_samples, seed=seed + 1, **shape)
         self.micro_batch_size = micro_batch_size
         self.num_workers = num_workers
