@@ -54,6 +54,7 @@ def compiled_segment(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tenso
     key = (func, SEGMENT_BACKEND)
     compiled = _compiled_functions.get(key)
     if compiled is None:
+        keep_graphs_whole()
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, SEGMENT_RECOMPILE_LIMIT)
         compiled = _compiled_functions[key] = torch.compile(func, backend=SEGMENT_BACKEND, dynamic=False)
     return functools.partial(compiled, owner)
@@ -90,4 +91,17 @@ def compile_module_call(fn: Fn, backend: str = "inductor") -> Fn:
     Static: training clips have a fixed shape, and Inductor turns its channels-last layout optimisation of
     convolutions off for dynamic shapes. A new clip shape (an aspect bucket) compiles once more.
     """
+    keep_graphs_whole()
     return torch.compile(fn, backend=backend, dynamic=False)
+
+
+def keep_graphs_whole() -> None:
+    """Compile the same graphs under DDP as on one GPU.
+
+    Code compiled inside DDP's forward (ours is) is cut by Dynamo's DDPOptimizer into one graph per
+    gradient bucket, so that all-reduces can start during the backward pass. Cut that way, the
+    compiled step trained 22% slower per GPU on two H200s than whole on one (docs/benchmarks.md),
+    while all-reducing every CV8x8x8 gradient took 1.4 ms there: DDP's own reducer after the backward
+    costs far less than the lost fusion.
+    """
+    torch._dynamo.config.optimize_ddp = False
