@@ -1,6 +1,7 @@
 """TokenizerModel: fp32 master weights under bf16 autocast, masked loss, real updates, speed switches."""
 
 import copy
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -73,6 +74,14 @@ def test_speed_switches_are_validated() -> None:
             ModelConfig(**{key: "yes"})
 
 
+@pytest.fixture
+def dynamo_config() -> Iterator[None]:
+    """Dynamo's global settings as they were before the test, afterwards."""
+    with torch._dynamo.config.patch(optimize_ddp=True):
+        yield
+
+
+@pytest.mark.usefixtures("dynamo_config")
 @pytest.mark.parametrize("scope", ["step", "blocks"])
 def test_speed_switches_keep_keys_and_results_and_train(tmp_path, monkeypatch, scope) -> None:
     # Dynamo's capture with backend="eager": Inductor's code generation would take minutes on a CPU
@@ -84,6 +93,8 @@ def test_speed_switches_keep_keys_and_results_and_train(tmp_path, monkeypatch, s
     switches = {"compile": True, "compile_scope": scope, "channels_last": True, "activation_checkpointing": True}
     fast = TokenizerModel(ModelConfig(model="CV8x8x8", jit_ckpt_pth=weights, channels=16, **switches), loss=NO_VGG)
     assert list(fast.state_dict()) == list(plain.state_dict())  # no "_orig_mod." or wrapper keys
+    # Under DDP the compiled code keeps the graphs it has on one GPU (no DDPOptimizer cuts).
+    assert torch._dynamo.config.optimize_ddp is False
     copy.deepcopy(fast)  # the EMA callback copies the module
     video = torch.rand(1, 3, 9, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
     mask = torch.ones(1, 1, 9, 32, 32)

@@ -277,3 +277,29 @@ def test_step_scalars_reach_the_loggers_as_the_mean_over_micro_batches(tmp_path:
     assert module.loss_history == [(step, logged[step]["train/loss"]) for step in (1, 3)]
     # The progress bar shows a value already on the host (on a CPU, read back at once: the last one).
     assert trainer.progress_bar_metrics["train/loss"] == pytest.approx(logged[3]["train/loss"], rel=1e-5)
+
+
+def test_with_the_fused_optimizer_steps_read_late_are_all_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CUDA runs (fused AdamW) read each step's scalars one step late; a checkpoint and the end of the
+    # run must flush what is still pending, so no step goes missing from the logs.
+    monkeypatch.setattr(
+        TokenizerModel,
+        "configure_optimizers",
+        lambda self: build_optimizer(self.network, self.optim_config, self.trainer.max_steps, fused=True),
+    )
+    recorder = _Recorder()
+    at_save: list[list[int]] = []
+
+    class SaveAtStep1(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, *_: object) -> None:
+            if trainer.global_step == 2:  # after optimizer step 1
+                logged_before = [step for step, row in recorder.rows if "train/loss" in row]
+                module.on_save_checkpoint({})
+                at_save.append(logged_before + [-1] + [s for s, r in recorder.rows if "train/loss" in r])
+
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), no_vgg())
+    fit(module, tmp_path, steps=4, callbacks=[SaveAtStep1()], logger=recorder, log_every_n_steps=1)
+    assert at_save == [[0, -1, 0, 1]]  # step 1 was pending, and the checkpoint flushed it
+    assert [step for step, row in recorder.rows if "train/loss" in row] == [0, 1, 2, 3]  # step 3 at the end

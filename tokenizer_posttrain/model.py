@@ -236,5 +236,8 @@ class TokenizerModel(pl.LightningModule):
         )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The step still on its way to the host goes to the loggers now: a run stopped right after
+        # this checkpoint (preemption) must not leave a gap in the logs at the step it resumes from.
+        self._settle(keep_last=0, to_bar=False)
         # Lets load_tokenizer() rebuild the exact network from a .ckpt alone.
         checkpoint[CONFIG_KEY] = self.network.config.to_dict()
