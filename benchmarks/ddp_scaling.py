@@ -85,7 +85,10 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="group.key=value config overrides")
     args = parser.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    tag = "".join(f"_{item.rpartition('.')[2]}" for item in args.overrides)  # e.g. _compile=true
+    tag = ""  # e.g. _compile=true: the key's last part and the value
+    for item in args.overrides:
+        key, _, value = item.partition("=")
+        tag += f"_{key.rpartition('.')[2]}={value.replace('/', '-')}"
     cached = f"_cached{args.cached_clips}" if args.cached_clips else ""
     name = f"ddp_{args.model}_{world}gpu_b{args.micro_batch}{'_perc' if args.perceptual else ''}{cached}{tag}"
     configs = {

@@ -13,6 +13,7 @@ from tokenizer_posttrain.metrics import masked_l1, video_psnr
 from tokenizer_posttrain.model import TokenizerModel
 from tokenizer_posttrain.network import acceleration
 from tokenizer_posttrain.network.acceleration import compile_module_call
+from tokenizer_posttrain.network.blocks import ResnetBlock
 
 NO_VGG = LossConfig(perceptual_weight=0.0)
 
@@ -88,6 +89,8 @@ def test_speed_switches_keep_keys_and_results_and_train(tmp_path, monkeypatch, s
     # (benchmarks/train_step.py --check compares Inductor's kernels with eager on the GPU).
     monkeypatch.setattr(model_module, "compile_module_call", lambda fn: compile_module_call(fn, backend="eager"))
     monkeypatch.setattr(acceleration, "SEGMENT_BACKEND", "eager")
+    compiled_pieces: dict = {}
+    monkeypatch.setattr(acceleration, "_compiled_functions", compiled_pieces)
     weights = str(reference_weights("CV8x8x8"))
     plain = TokenizerModel(ModelConfig(model="CV8x8x8", jit_ckpt_pth=weights, channels=16), loss=NO_VGG)
     switches = {"compile": True, "compile_scope": scope, "channels_last": True, "activation_checkpointing": True}
@@ -103,6 +106,8 @@ def test_speed_switches_keep_keys_and_results_and_train(tmp_path, monkeypatch, s
         loss = module._step_terms(video, mask, None)["loss"]
         loss.backward()
         results.append((loss.detach(), torch.cat([p.grad.flatten() for p in module.network.parameters()])))
+    # The blocks went through their compiled class functions exactly when the scope asks for it.
+    assert ((ResnetBlock.forward, "eager") in compiled_pieces) == (scope == "blocks")
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=0)
     assert (results[1][1] - results[0][1]).norm() / results[0][1].norm() < 1e-5
     fit(fast, tmp_path, steps=2)  # bf16-mixed through Lightning

@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from tokenizer_posttrain.step_scalars import DeviceScalars, NonFiniteLossError, NonFiniteSteps, skip_flag
+from tokenizer_posttrain.step_scalars import (
+    DeviceScalars,
+    NonFiniteLossError,
+    NonFiniteSteps,
+    grad_norm,
+    skip_flag,
+)
 
 
 def test_scalars_come_back_in_order_keeping_the_newest_back() -> None:
@@ -39,13 +45,21 @@ def test_non_finite_steps_count_in_a_row_and_stop() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_scalars_cross_from_a_gpu_without_a_host_wait() -> None:
+def test_scalars_cross_from_a_gpu_through_pinned_copies() -> None:
     queue = DeviceScalars()
     x = torch.randn(4096, 4096, device="cuda")
     for step in range(3):
         queue.push(step, {"sum": (x @ x).sum() * 0 + step, "nan": torch.tensor(float("nan"), device="cuda")})
-    # A pinned copy behind an event per step: nothing was read yet, and reading gives the right values.
+    # A pinned copy behind an event per step, read back in order with the right values.
     popped = queue.pop(keep_last=1) + queue.pop()
     assert [step for step, _ in popped] == [0, 1, 2]
     assert [values["sum"] for _, values in popped] == [0.0, 1.0, 2.0]
     assert all(math.isnan(values["nan"]) for _, values in popped)
+
+
+def test_grad_norm_is_fp32_whatever_the_gradient_dtype() -> None:
+    grads = [torch.full((300,), 0.01, dtype=torch.bfloat16), torch.full((7, 3), -2.0)]
+    norm = grad_norm(grads)
+    expected = (300 * float(torch.tensor(0.01, dtype=torch.bfloat16)) ** 2 + 21 * 4.0) ** 0.5
+    assert norm.dtype == torch.float32 and norm.shape == ()
+    assert float(norm) == pytest.approx(expected, rel=1e-6)

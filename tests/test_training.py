@@ -303,3 +303,16 @@ def test_with_the_fused_optimizer_steps_read_late_are_all_logged(
     fit(module, tmp_path, steps=4, callbacks=[SaveAtStep1()], logger=recorder, log_every_n_steps=1)
     assert at_save == [[0, -1, 0, 1]]  # step 1 was pending, and the checkpoint flushed it
     assert [step for step, row in recorder.rows if "train/loss" in row] == [0, 1, 2, 3]  # step 3 at the end
+
+
+def test_a_nan_stop_found_while_saving_a_checkpoint_waits_for_the_next_step() -> None:
+    # Raised inside on_save_checkpoint, the stop would break the save and, on preemption, Lightning's
+    # own SIGTERM handling; it is raised at the next step (or the end of the run) instead.
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), no_vgg(), max_bad_steps=1)
+    module._to_host.push(4, {"train/grad_norm": torch.tensor(float("nan"))})
+    checkpoint: dict = {}
+    with pytest.warns(UserWarning, match="step 4: gradient norm is nan"):
+        module.on_save_checkpoint(checkpoint)
+    assert checkpoint  # the save went through
+    with pytest.raises(NonFiniteLossError, match="1 steps in a row"):
+        module.on_train_end()

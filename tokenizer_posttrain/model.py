@@ -22,7 +22,7 @@ from .metrics import video_psnr, video_ssim
 from .network import CausalVideoTokenizer, build_tokenizer
 from .network.acceleration import compile_module_call, configure_network
 from .optim import build_optimizer
-from .step_scalars import DeviceScalars, NonFiniteSteps, skip_flag
+from .step_scalars import DeviceScalars, NonFiniteLossError, NonFiniteSteps, grad_norm, skip_flag
 from .trainable import configure_trainable
 
 THROUGHPUT_WINDOW = 10
@@ -69,6 +69,7 @@ class TokenizerModel(pl.LightningModule):
         self._to_host = DeviceScalars()
         self._step_sums: dict[str, Tensor] = {}  # loss terms summed over this optimizer step's micro-batches
         self._micro_batches = 0
+        self._deferred_stop: NonFiniteLossError | None = None
         self.loss_history: list[tuple[int, float]] = []
         """``(optimizer step, train/loss)`` of every logged step."""
         # Clipped here, from the norm logged anyway, rather than by Lightning: Lightning refuses to
@@ -146,7 +147,14 @@ class TokenizerModel(pl.LightningModule):
         """Optimizer steps skipped in a row so far for a NaN/Inf gradient norm (as far as read back)."""
         return self.nonfinite.in_a_row
 
+    def on_train_start(self) -> None:
+        # A second fit() of the same module (after an exception) starts with nothing left over.
+        self._step_sums, self._micro_batches, self._to_host = {}, 0, DeviceScalars()
+        self._batch_ends.clear()
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._deferred_stop is not None:
+            raise self._deferred_stop
         step = self.global_step
         scalars = {f"train/{name}": total / self._micro_batches for name, total in self._step_sums.items()}
         self._step_sums, self._micro_batches = {}, 0
@@ -154,7 +162,7 @@ class TokenizerModel(pl.LightningModule):
         if not params:
             return
         # After DDP's all-reduce: the same norm, hence the same verdict, on every rank.
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        norm = grad_norm([p.grad for p in params])
         self._to_host.push(step, {**scalars, "train/grad_norm": norm})  # grad_norm: before clipping
         optimizer = getattr(optimizer, "optimizer", optimizer)  # Lightning's wrapper, if any
         fused = bool(optimizer.defaults.get("fused"))
@@ -177,9 +185,11 @@ class TokenizerModel(pl.LightningModule):
             skipped = self.nonfinite.check(step, values["train/grad_norm"])
             if skipped:
                 values["train/bad_steps"] = float(self.nonfinite.in_a_row)
-            if (step + 1) % every == 0 or skipped:  # Lightning's own logging cadence and step numbers
+            # Lightning's own logging cadence and step numbers (0: never).
+            if (every > 0 and (step + 1) % every == 0) or skipped:
                 for logger in self.loggers:
                     logger.log_metrics(values, step=step)
+                    logger.save()
                 if "train/loss" in values:
                     self.loss_history.append((step, values["train/loss"]))
                 if "train/loss" in values and to_bar:
@@ -188,6 +198,8 @@ class TokenizerModel(pl.LightningModule):
         return skipped
 
     def on_train_end(self) -> None:
+        if self._deferred_stop is not None:
+            raise self._deferred_stop
         self._settle(keep_last=0, to_bar=False)  # the last step's verdict and scalars (no self.log here)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
@@ -238,6 +250,11 @@ class TokenizerModel(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The step still on its way to the host goes to the loggers now: a run stopped right after
         # this checkpoint (preemption) must not leave a gap in the logs at the step it resumes from.
-        self._settle(keep_last=0, to_bar=False)
+        # A stop for NaN steps waits for the next step: raised here it would break the save (and
+        # the preemption handling that may have asked for it).
+        try:
+            self._settle(keep_last=0, to_bar=False)
+        except NonFiniteLossError as stop:
+            self._deferred_stop = stop
         # Lets load_tokenizer() rebuild the exact network from a .ckpt alone.
         checkpoint[CONFIG_KEY] = self.network.config.to_dict()

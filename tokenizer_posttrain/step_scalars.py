@@ -60,6 +60,12 @@ class DeviceScalars:
         return out
 
 
+def grad_norm(grads: list[Tensor]) -> Tensor:
+    """The global L2 norm of ``grads`` in fp32, whatever their dtype (bf16 under bf16-true), in a few
+    kernels; a 0-dim tensor on their device."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+
+
 def skip_flag(norm: Tensor) -> Tensor:
     """1.0 where the step must be skipped (``norm`` is NaN/Inf), else 0.0: the ``found_inf`` tensor
     that fused AdamW reads to leave parameters, moments and step count untouched, on the device."""

@@ -27,8 +27,9 @@ Fn = TypeVar("Fn", bound=Callable)
 
 
 # Every ResNet block of the network runs through one compiled ``ResnetBlock.forward``: one code
-# object, compiled once per distinct input shape and width (about 20 in the Cosmos networks).
-SEGMENT_RECOMPILE_LIMIT = 64
+# object, compiled once per distinct input shape and width (about 20 in the Cosmos networks), again
+# without gradients (validation, a frozen encoder) and again for each aspect bucket's clip shape.
+SEGMENT_RECOMPILE_LIMIT = 256
 SEGMENT_BACKEND = "inductor"
 _compiled_functions: dict[tuple[Callable, str], Callable] = {}
 
