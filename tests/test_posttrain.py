@@ -20,6 +20,16 @@ def cli(*args: str, cwd: Path, timeout: float = 900, env: dict[str, str] | None 
     return run_script("-m", "tokenizer_posttrain", *args, cwd=cwd, timeout=timeout, env=env)
 
 
+def posttrain(
+    base: Path, videos: Path, out: Path, *flags: str, env: dict[str, str] | None = None, **options: object
+) -> subprocess.CompletedProcess:
+    """``python -m tokenizer_posttrain posttrain`` on the CPU in ``out``'s parent; ``options`` become
+    ``--kebab-case value`` arguments, ``flags`` are passed as they are."""
+    args = [f for key, value in options.items() for f in (f"--{key.replace('_', '-')}", str(value))]
+    command = ["posttrain", "--base", str(base), "--videos", str(videos), "--out", str(out), "--accelerator", "cpu"]
+    return cli(*command, *args, *flags, cwd=out.parent, env=env)
+
+
 @pytest.fixture
 def base_and_videos(tmp_path: Path) -> tuple[Path, Path]:
     """The tiny CV model exported like an official folder, and two real videos (one is held out)."""
@@ -33,35 +43,19 @@ def base_and_videos(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, base_and_videos: tuple) -> None:
     base, videos = base_and_videos
-    result = cli(
-        "posttrain",
-        "--base",
-        str(base),
-        "--videos",
-        str(videos),
-        "--out",
-        str(tmp_path / "run"),
-        "--steps",
-        "40",
-        "--lr",
-        "1e-3",
-        "--frames",
-        "9",
-        "--size",
-        "64",
-        "--resize-short-side",
-        "128",
-        "--batch-size",
-        "2",
-        "--num-workers",
-        "0",
-        "--val-fraction",
-        "0.5",
-        "--eval-clips",
-        "4",
-        "--accelerator",
-        "cpu",
-        cwd=tmp_path,
+    result = posttrain(
+        base,
+        videos,
+        tmp_path / "run",
+        steps=40,
+        lr="1e-3",
+        frames=9,
+        size=64,
+        resize_short_side=128,
+        batch_size=2,
+        num_workers=0,
+        val_fraction=0.5,
+        eval_clips=4,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -104,38 +98,21 @@ def test_export_command_writes_files_and_model_card(tmp_path: Path) -> None:
 
 def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base_and_videos: tuple) -> None:
     base, videos = base_and_videos
-    result = cli(
-        "posttrain",
-        "--base",
-        str(base),
-        "--videos",
-        str(videos),
-        "--out",
-        str(tmp_path / "run"),
-        "--steps",
-        "2",
-        "--frames",
-        "9",
-        "--size",
-        "32",
-        "--resize-short-side",
-        "64",
-        "--num-workers",
-        "0",
-        "--val-fraction",
-        "0.5",
-        "--eval-clips",
-        "1",
-        "--accelerator",
-        "cpu",
+    result = posttrain(
+        base,
+        videos,
+        tmp_path / "run",
         "--sweep",
-        "--sweep-steps",
-        "2",
-        "--sweep-lrs",
-        "1e-3",
-        "--max-latent-drift",
-        "0.001",
-        cwd=tmp_path,
+        steps=2,
+        frames=9,
+        size=32,
+        resize_short_side=64,
+        num_workers=0,
+        val_fraction=0.5,
+        eval_clips=1,
+        sweep_steps=2,
+        sweep_lrs="1e-3",
+        max_latent_drift="0.001",
         env={"NEMORUN_HOME": str(tmp_path / "nemo_run")},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

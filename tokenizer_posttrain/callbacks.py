@@ -86,14 +86,13 @@ class RunSummary(pl.Callback):
     ) -> None:
         """Print the summary (and write the loss curve of ``(step, loss)`` ``losses``) of a finished run."""
         lines = [f"Run finished: {steps} steps in {seconds / 60:.1f} min"]
-        values = losses
-        if len(values) >= 2:
-            n = min(5, len(values) // 2)
-            first, last = (sum(v for _, v in part) / n for part in (values[:n], values[-n:]))
+        if len(losses) >= 2:
+            n = min(5, len(losses) // 2)
+            first, last = (sum(v for _, v in part) / n for part in (losses[:n], losses[-n:]))
             lines.append(
                 f"train/loss over this run: {first:.4f} (mean of first {n} steps) -> {last:.4f} (mean of last {n})"
             )
-            lines.append(f"loss curve: {self._plot(run_dir / 'loss_curve.png', values)}")
+            lines.append(f"loss curve: {self._plot(run_dir / 'loss_curve.png', losses)}")
         if self.val_psnr:
             step, best = max(self.val_psnr, key=lambda item: item[1])
             lines.append(f"best val/psnr: {best:.2f} dB at step {step}")

@@ -192,9 +192,8 @@ class TokenizerModel(pl.LightningModule):
                     logger.save()
                 if "train/loss" in values:
                     self.loss_history.append((step, values["train/loss"]))
-                if "train/loss" in values and to_bar:
-                    # A CPU value: the bar reads it without waiting for the GPU.
-                    self.log("train/loss", torch.tensor(values["train/loss"]), prog_bar=True, logger=False)
+                    if to_bar:  # a CPU value: the bar reads it without waiting for the GPU
+                        self.log("train/loss", torch.tensor(values["train/loss"]), prog_bar=True, logger=False)
         return skipped
 
     def on_train_end(self) -> None:
