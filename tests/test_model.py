@@ -8,7 +8,7 @@ import torch
 
 from tests.conftest import fit, reference_weights
 from tokenizer_posttrain import model as model_module
-from tokenizer_posttrain.config import LossConfig, ModelConfig, OptimConfig
+from tokenizer_posttrain.config import DataConfig, LossConfig, ModelConfig, OptimConfig
 from tokenizer_posttrain.metrics import masked_l1, video_psnr
 from tokenizer_posttrain.model import TokenizerModel
 from tokenizer_posttrain.network import acceleration
@@ -73,6 +73,10 @@ def test_speed_switches_are_validated() -> None:
     for key in ("compile", "channels_last", "activation_checkpointing"):
         with pytest.raises(ValueError, match=f"model.{key}='yes': use true or false"):
             ModelConfig(**{key: "yes"})
+    with pytest.raises(ValueError, match="model.compile_scope='graph': use step or blocks"):
+        ModelConfig(compile_scope="graph")
+    with pytest.raises(ValueError, match="data.synthetic_cache='yes': use true or false"):
+        DataConfig(synthetic_cache="yes")
 
 
 @pytest.fixture

@@ -138,6 +138,9 @@ class DataConfig:
             _require(value > 0, f"data.{key}", value, "must be positive")
         _require(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
         _require(
+            isinstance(self.synthetic_cache, bool), "data.synthetic_cache", self.synthetic_cache, "use true or false"
+        )
+        _require(
             0 <= self.max_skip_fraction <= 1, "data.max_skip_fraction", self.max_skip_fraction, "must be in [0, 1]"
         )
         _require(
