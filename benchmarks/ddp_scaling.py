@@ -18,20 +18,27 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import os
+import re
+import shutil
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
+import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tokenizer_posttrain import config as cfg  # noqa: E402
+from tokenizer_posttrain.train import ddp_kwargs as training_ddp_kwargs  # noqa: E402
 from tokenizer_posttrain.train import train  # noqa: E402
 
 
@@ -59,6 +66,87 @@ def random_vgg_file(directory: Path) -> str:
     return str(path)
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class StepProfiler(pl.Callback):
+    """Profiles optimizer steps ``[start, start + count)`` of this rank with torch.profiler and writes
+    where the wall time went: GPU busy time (the union of kernel and copy intervals), NCCL kernel time,
+    the longest GPU idle gaps, and the costliest device and host operations."""
+
+    def __init__(self, start: int, count: int, out: Path, name: str, rank: int, trace: bool) -> None:
+        self.start, self.count, self.out, self.name, self.rank, self.trace = start, count, out, name, rank, trace
+        self.prof: torch.profiler.profile | None = None
+        self.done = False
+        self.t0 = 0.0
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.start and self.prof is None:
+            _sync()
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            self.prof = torch.profiler.profile(activities=acts)
+            self.prof.start()
+            self.t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if self.prof is None or self.done or trainer.global_step != self.start + self.count:
+            return
+        self.done = True  # several micro-batches end at the same optimizer step
+        _sync()
+        wall_ms = (time.perf_counter() - self.t0) * 1e3
+        self.prof.stop()
+        self.report(wall_ms)
+
+    def report(self, wall_ms: float) -> None:
+        assert self.prof is not None
+        spans, nccl_us = [], 0.0
+        for event in self.prof.events():
+            # Kernels and copies only: annotations (DDP's forward, the optimizer step) span whole phases.
+            if event.device_type == torch.autograd.DeviceType.CUDA and not getattr(event, "is_user_annotation", False):
+                spans.append((event.time_range.start, event.time_range.end))
+                if "nccl" in event.name.lower():
+                    nccl_us += event.time_range.elapsed_us()
+        spans.sort()
+        busy_us, gaps, end = 0.0, [], None
+        for lo, hi in spans:
+            if end is None or lo > end:
+                if end is not None:
+                    gaps.append((lo - end, end - spans[0][0]))
+                busy_us += hi - lo
+                end = hi
+            elif hi > end:
+                busy_us += hi - end
+                end = hi
+        gaps.sort(reverse=True)
+        summary = {
+            "run": self.name,
+            "rank": self.rank,
+            "steps": self.count,
+            "wall_ms_per_step": round(wall_ms / self.count, 2),
+            "gpu_busy_ms_per_step": round(busy_us / 1e3 / self.count, 2),
+            "gpu_first_to_last_ms": round(((end or 0) - (spans[0][0] if spans else 0)) / 1e3, 1),
+            "nccl_kernel_ms_per_step": round(nccl_us / 1e3 / self.count, 2),
+            "longest_gpu_gaps_ms_at_ms": [(round(g / 1e3, 2), round(at / 1e3, 1)) for g, at in gaps[:12]],
+        }
+        averages = self.prof.key_averages()
+        text = json.dumps(summary) + "\n\n" + averages.table(sort_by="device_time_total", row_limit=30)
+        text += "\n\n" + averages.table(sort_by="cpu_time_total", row_limit=30)
+        # Plain characters only: the device tool brings back no file named with '=' or ','.
+        stem = self.out / re.sub(r"[^A-Za-z0-9._-]", "-", f"profile_{self.name}_rank{self.rank}")
+        stem.with_suffix(".txt").write_text(text)
+        print(json.dumps(summary), flush=True)
+        if self.trace:
+            raw = stem.with_suffix(".json")
+            self.prof.export_chrome_trace(str(raw))
+            with open(raw, "rb") as src, gzip.open(f"{raw}.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            raw.unlink()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="CV8x8x8")
@@ -81,6 +169,17 @@ def main() -> None:
         "(takes the clip generator's CPU time out of the measurement; 0: a fresh clip every time)",
     )
     parser.add_argument("--perceptual", action="store_true")
+    parser.add_argument(
+        "--profile-steps", type=int, default=0, help="profile this many steps before the last (left out of the median)"
+    )
+    parser.add_argument("--trace", action="store_true", help="with --profile-steps: write rank 0's chrome trace")
+    parser.add_argument("--profile-out", default=os.environ.get("OUT", tempfile.gettempdir()), help="profile folder")
+    parser.add_argument(
+        "--ddp",
+        default=None,
+        help="JSON keyword arguments of DistributedDataParallel over the ones training uses (train.ddp_kwargs), "
+        "e.g. '{\"bucket_cap_mb\": 25}'",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT", tempfile.gettempdir()))
     parser.add_argument("overrides", nargs="*", help="group.key=value config overrides")
     args = parser.parse_args()
@@ -89,6 +188,9 @@ def main() -> None:
     for item in args.overrides:
         key, _, value = item.partition("=")
         tag += f"_{key.rpartition('.')[2]}={value.replace('/', '-')}"
+    ddp_kwargs = json.loads(args.ddp) if args.ddp else {}
+    for key, value in ddp_kwargs.items():
+        tag += f"_{key}={value}"
     cached = f"_cached{args.cached_clips}" if args.cached_clips else ""
     name = f"ddp_{args.model}_{world}gpu_b{args.micro_batch}{'_perc' if args.perceptual else ''}{cached}{tag}"
     configs = {
@@ -119,8 +221,17 @@ def main() -> None:
         key, _, value = item.partition("=")
         group, _, rest = key.partition(".")
         _set(configs[group], rest, value)
-    run_dir = train(**configs)
-    if int(os.environ.get("RANK", "0")) != 0:
+    if ddp_kwargs and world > 1:  # on top of the settings training uses
+        merged = {**training_ddp_kwargs(configs["model"]), **ddp_kwargs}
+        configs["trainer"].strategy = DDPStrategy(**merged)  # type: ignore[assignment]
+    rank = int(os.environ.get("RANK", "0"))
+    profile_start = args.steps - args.profile_steps - 2 if args.profile_steps else args.steps
+    callbacks = []
+    if args.profile_steps:
+        trace = args.trace and rank == 0
+        callbacks.append(StepProfiler(profile_start, args.profile_steps, Path(args.profile_out), name, rank, trace))
+    run_dir = train(**configs, extra_callbacks=callbacks)
+    if rank != 0:
         return
     # This run's log only: an earlier run of the same name left version_0, version_1, ...
     versions = sorted((run_dir / "csv").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:]))
@@ -128,7 +239,8 @@ def main() -> None:
         rates = [
             (int(r["step"]), float(r["train/clips_per_sec"])) for r in csv.DictReader(f) if r.get("train/clips_per_sec")
         ]
-    timed = [rate for step, rate in rates if step >= args.warmup]
+    # A rate is over the last 10 batches: none of them profiled.
+    timed = [rate for step, rate in rates if args.warmup <= step < profile_start]
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
     print(
         json.dumps(

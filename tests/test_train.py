@@ -1,16 +1,25 @@
 """Launch-time checks (parallelism, accumulation, clip shapes) and how train() sets up the Trainer."""
 
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 
 from tests.conftest import fit, run_script
 from tokenizer_posttrain.config import DataConfig, LossConfig, ModelConfig, TrainerConfig
 from tokenizer_posttrain.model import TokenizerModel
 from tokenizer_posttrain.optim import build_optimizer
-from tokenizer_posttrain.train import check_clip_shape, resolve_compile, resolve_parallelism
+from tokenizer_posttrain.train import (
+    WHOLE_STEP_BUCKET_MB,
+    check_clip_shape,
+    ddp_kwargs,
+    ddp_strategy,
+    resolve_compile,
+    resolve_parallelism,
+)
 
 
 def test_accumulation_follows_from_the_global_batch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,3 +132,33 @@ def test_synthetic_runs_need_no_video_stack() -> None:
     result = run_script("-c", code, cwd=Path.cwd(), timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "SyntheticVideoDataModule"
+
+
+@pytest.mark.parametrize(
+    ("model", "bucket_mb"),
+    [
+        (ModelConfig(compile=True), WHOLE_STEP_BUCKET_MB),  # one compiled backward: nothing to overlap
+        (ModelConfig(compile=True, compile_scope="blocks"), None),  # PyTorch's 25 MB buckets
+        (ModelConfig(compile=False), None),
+    ],
+)
+def test_ddp_keeps_the_host_work_per_step_small(model: ModelConfig, bucket_mb: int | None) -> None:
+    strategy = ddp_strategy(TrainerConfig(), model)
+    assert isinstance(strategy, DDPStrategy)
+    kwargs = ddp_kwargs(model)
+    assert strategy._ddp_kwargs == kwargs
+    # no buffer broadcast in each forward, under the name this torch knows (the old one warns on 2.13)
+    assert kwargs.get("forward_sync_buffers", kwargs.get("broadcast_buffers")) is False
+    assert kwargs["gradient_as_bucket_view"] is True and kwargs["bucket_cap_mb"] == bucket_mb
+    assert ddp_strategy(TrainerConfig(strategy="fsdp"), model) == "fsdp"  # other strategies as named
+
+
+def test_ddp_accepts_its_settings_without_deprecation_warnings(tmp_path: Path) -> None:
+    dist = torch.distributed
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. torch 2.13's FutureWarning for broadcast_buffers
+            torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), **ddp_kwargs(ModelConfig(compile=True)))
+    finally:
+        dist.destroy_process_group()

@@ -11,6 +11,7 @@ import torch
 
 from tests.conftest import fit, reference_weights
 from tests.test_losses import random_vgg16_state
+from tokenizer_posttrain.callbacks import LearningRateLogger
 from tokenizer_posttrain.config import LoRAConfig, LossConfig, ModelConfig, OptimConfig, PerceptualConfig
 from tokenizer_posttrain.data.batch import LOSS_MASK, VIDEO
 from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
@@ -245,6 +246,15 @@ class _Recorder(pl.loggers.Logger):
         self.rows.append((int(step or 0), dict(metrics)))
 
 
+def fit_logged(module: TokenizerModel, tmp_path: Path, callback: pl.Callback) -> tuple[pl.Trainer, _Recorder]:
+    """4 optimizer steps of 2 micro-batches each, logged every 2 steps into a recorder."""
+    recorder = _Recorder()
+    trainer = fit(
+        module, tmp_path, steps=4, callbacks=[callback], logger=recorder, accumulate_grad_batches=2, log_every_n_steps=2
+    )
+    return trainer, recorder
+
+
 def test_step_scalars_reach_the_loggers_as_the_mean_over_micro_batches(tmp_path: Path) -> None:
     # The losses and gradient norm travel to the host a step late (no GPU wait); they must still be
     # logged at Lightning's cadence, under the step they belong to, as the optimizer step's mean.
@@ -256,17 +266,8 @@ def test_step_scalars_reach_the_loggers_as_the_mean_over_micro_batches(tmp_path:
         ) -> None:
             micro.append(float(outputs["loss"]) * trainer.accumulate_grad_batches)  # Lightning divides it
 
-    recorder = _Recorder()
     module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), no_vgg())
-    trainer = fit(
-        module,
-        tmp_path,
-        steps=4,
-        callbacks=[MicroLosses()],
-        logger=recorder,
-        accumulate_grad_batches=2,
-        log_every_n_steps=2,
-    )
+    trainer, recorder = fit_logged(module, tmp_path, MicroLosses())
     logged = {step: row for step, row in recorder.rows if "train/loss" in row}
     assert sorted(logged) == [1, 3]  # where Lightning logs its own metrics with log_every_n_steps=2
     for step, row in logged.items():
@@ -316,3 +317,16 @@ def test_a_nan_stop_found_while_saving_a_checkpoint_waits_for_the_next_step() ->
     assert checkpoint  # the save went through
     with pytest.raises(NonFiniteLossError, match="1 steps in a row"):
         module.on_train_end()
+
+
+def test_learning_rates_are_logged_per_group_at_the_loss_steps(tmp_path: Path) -> None:
+    # Logged from the host's copy of the schedule (Lightning's monitor copies each rate to the GPU),
+    # once per optimizer step, under the step whose update used that rate.
+    optim = OptimConfig(lr=1e-3, warmup_steps=4, lr_groups={"decoder.": 2e-3})
+    module = TokenizerModel(tiny("CV8x8x8"), optim, no_vgg())
+    _, recorder = fit_logged(module, tmp_path, LearningRateLogger())
+    rates = [(step, row) for step, row in recorder.rows if any(k.startswith("lr-") for k in row)]
+    assert [step for step, _ in rates] == [1, 3]
+    for step, row in rates:
+        warmup = (step + 1) / 4
+        assert row == pytest.approx({"lr-AdamW/default": 1e-3 * warmup, "lr-AdamW/decoder.": 2e-3 * warmup})

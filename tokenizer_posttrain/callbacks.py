@@ -185,6 +185,26 @@ class StepProgressBar(RichProgressBar):
         return super().total_train_batches
 
 
+class LearningRateLogger(pl.Callback):
+    """Logs each parameter group's learning rate as ``lr-<Optimizer>/<group name>`` at the steps the
+    losses are logged. Lightning's LearningRateMonitor does the same but also copies every rate to the
+    GPU at every step (for ``callback_metrics``), a copy that makes the host wait for the GPU."""
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
+    ) -> None:
+        step, every = trainer.global_step, trainer.log_every_n_steps
+        first_micro_batch = batch_idx % trainer.accumulate_grad_batches == 0
+        if not trainer.is_global_zero or not first_micro_batch or every <= 0 or (step + 1) % every:
+            return
+        rates = {}
+        for optimizer in trainer.optimizers:
+            for i, group in enumerate(optimizer.param_groups):
+                rates[f"lr-{type(optimizer).__name__}/{group.get('name', f'pg{i + 1}')}"] = float(group["lr"])
+        for logger in trainer.loggers:
+            logger.log_metrics(rates, step=step)
+
+
 class RngState(pl.Callback):
     """Saves and restores the Python, NumPy and torch random states with every checkpoint, so a
     resumed run draws the same random numbers (LoRA dropout, augmentation) as an uninterrupted one."""

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import EMAWeightAveraging, LearningRateMonitor
+from lightning.pytorch.callbacks import EMAWeightAveraging
+from lightning.pytorch.strategies import DDPStrategy
+from torch.nn.parallel import DistributedDataParallel
 
 from .callbacks import (
     AtomicCheckpointIO,
+    LearningRateLogger,
     PreemptionCheckpoint,
     RngState,
     RunSummary,
@@ -27,8 +33,11 @@ from .config import DataConfig, LogConfig, LossConfig, ModelConfig, OptimConfig,
 from .data.fake import SyntheticVideoDataModule
 from .model import TokenizerModel
 from .registry import get_config
+from .stop_signal import HostStopAgreement
 
 LAST_CKPT = "last.ckpt"
+WHOLE_STEP_BUCKET_MB = 4096
+"""Larger than every Cosmos tokenizer's fp32 gradients (CV8x8x8: 403 MiB)."""
 
 
 @dataclass
@@ -202,6 +211,33 @@ def _forward_sigusr1_as_sigterm() -> None:
         signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
 
 
+def ddp_kwargs(model: ModelConfig) -> dict[str, Any]:
+    """DistributedDataParallel's settings for ``trainer.strategy=ddp``, chosen to keep the host's work
+    per step small, since a compiled step leaves the host little time to launch it (docs/benchmarks.md).
+
+    * no buffer broadcast in every forward: the networks' buffers (Haar filters, FSQ levels, VGG input
+      scaling) are constants, built equal on every rank;
+    * gradients are views into DDP's buckets, so they are not copied back out of them after the
+      all-reduce (Lightning sets gradients to None every step, so each is still copied in);
+    * one bucket when the whole step is compiled: its backward hands DDP every gradient at its end,
+      so smaller buckets only add all-reduce calls, with nothing left to overlap them with.
+    """
+    whole_step = model.compile and model.compile_scope == "step"
+    options: dict[str, Any] = {
+        "gradient_as_bucket_view": True,
+        "bucket_cap_mb": WHOLE_STEP_BUCKET_MB if whole_step else None,
+    }
+    # torch 2.13 renamed the switch (the old name warns); older releases know only the old one.
+    accepted = inspect.signature(DistributedDataParallel.__init__).parameters
+    options["forward_sync_buffers" if "forward_sync_buffers" in accepted else "broadcast_buffers"] = False
+    return options
+
+
+def ddp_strategy(trainer: TrainerConfig, model: ModelConfig) -> str | DDPStrategy:
+    """The Trainer's strategy: ``ddp`` with :func:`ddp_kwargs`, any other Lightning strategy by name."""
+    return DDPStrategy(**ddp_kwargs(model)) if trainer.strategy == "ddp" else trainer.strategy
+
+
 def train(
     model: ModelConfig,
     data: DataConfig,
@@ -210,8 +246,12 @@ def train(
     resume: ResumeConfig,
     log: LogConfig,
     loss: LossConfig = LossConfig(),  # noqa: B008 - an immutable-by-use default
+    extra_callbacks: Sequence[pl.Callback] = (),
 ) -> Path:
-    """Post-train a Cosmos tokenizer; returns the run folder (checkpoints/, csv/, export/)."""
+    """Post-train a Cosmos tokenizer; returns the run folder (checkpoints/, csv/, export/).
+
+    ``extra_callbacks`` join the run's own (benchmarks add a profiler this way).
+    """
     started = time.time()
     check_clip_shape(model, data)
     par = resolve_parallelism(trainer, data)
@@ -243,9 +283,11 @@ def train(
         summary,
         SkippedSamples(data.max_skip_fraction),
         SampleTrace(run_dir / "samples"),
-        LearningRateMonitor(logging_interval="step"),
+        LearningRateLogger(),
         StepProgressBar(),
         RngState(),
+        HostStopAgreement(),
+        *extra_callbacks,
     ]
     if model.ema_decay is not None:
         # Lightning's EMA: validation, the final weights (hence the export) and checkpoints use the average.
@@ -255,7 +297,7 @@ def train(
         accelerator=par.accelerator,
         devices=par.devices,
         num_nodes=par.num_nodes,
-        strategy=trainer.strategy if par.world_size > 1 else "auto",
+        strategy=ddp_strategy(trainer, model) if par.world_size > 1 else "auto",
         precision=trainer.precision,
         max_epochs=trainer.max_epochs,
         max_steps=trainer.max_steps,
