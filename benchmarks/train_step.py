@@ -4,7 +4,8 @@ One step is what ``TokenizerModel`` and Lightning do with ``trainer.precision=bf
 weights, bf16 autocast, L1 (+ 0.1 x VGG16 perceptual), the finite-loss check, the gradient norm, clipping
 to 1.0 and a fused AdamW step. Paths are ``eager`` (the plain network) or ``+``-joined levers:
 ``compile`` (torch.compile of network and losses), ``cl`` (channels-last activations, NHWC VGG input),
-``bench`` (cudnn.benchmark), ``ckpt`` (activation checkpointing), ``chunkN`` (VGG over N frames at a time).
+``bench`` (cudnn.benchmark), ``ckpt`` (activation checkpointing), ``chunkN`` (VGG over N frames at a time),
+``cg`` (with ``compile``: CUDA graphs, torch.compile's ``reduce-overhead`` mode; not in the trainer yet).
 
 * clips/s: median over timed steps (each ends synchronised, as the trainer's per-step checks do).
 * MFU: FLOPs of the tokenizer's forward and backward (torch.utils.flop_counter on the meta device;
@@ -41,7 +42,7 @@ from tokenizer_posttrain.network import CausalVideoTokenizer, build_tokenizer
 from tokenizer_posttrain.network.acceleration import compile_module_call, configure_network
 
 PERCEPTUAL_WEIGHT = 0.1
-LEVERS = ("compile", "cl", "bench", "ckpt")
+LEVERS = ("compile", "cl", "bench", "ckpt", "cg")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Levers:
     cudnn_benchmark: bool = False
     checkpointing: bool = False
     frame_chunk: int | None = None
+    cuda_graphs: bool = False
 
 
 def parse_levers(spec: str) -> Levers:
@@ -65,7 +67,10 @@ def parse_levers(spec: str) -> Levers:
             chunk = int(token[5:])
         elif token not in LEVERS:
             raise SystemExit(f"unknown lever {token!r} in path {spec!r}; use eager or {'+'.join(LEVERS)}+chunkN")
-    return Levers(spec, "compile" in tokens, "cl" in tokens, "bench" in tokens, "ckpt" in tokens, chunk)
+    if "cg" in tokens and "compile" not in tokens:
+        raise SystemExit(f"path {spec!r}: cg (CUDA graphs) needs compile")
+    flags = [lever in tokens for lever in ("compile", "cl", "bench", "ckpt")]
+    return Levers(spec, *flags, frame_chunk=chunk, cuda_graphs="cg" in tokens)
 
 
 @dataclass
@@ -157,11 +162,14 @@ class Stepper:
         )
         if path.compile:
             torch._dynamo.reset()  # a fresh cache per case: no recompile limit, no stale guards
-        self.terms = compile_module_call(train_terms, backend) if path.compile else train_terms
+        mode = "reduce-overhead" if path.cuda_graphs else None
+        self.terms = compile_module_call(train_terms, backend, mode) if path.compile else train_terms
         self.optimizer: torch.optim.Optimizer | None = None
 
     def forward_backward(self, video_bf16: Tensor, mask: Tensor, autocast: bool = True) -> Tensor:
         video = video_bf16.float()  # the trainer feeds the parameters' dtype (fp32) under autocast
+        if self.path.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
             terms = self.terms(self.network, video, mask, self.perceptual)
         loss = terms["loss"]

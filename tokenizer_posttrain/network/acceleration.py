@@ -86,14 +86,14 @@ def configure_network(
             module.memory_format = memory_format
 
 
-def compile_module_call(fn: Fn, backend: str = "inductor") -> Fn:
-    """``torch.compile`` of ``fn`` with static shapes.
+def compile_module_call(fn: Fn, backend: str = "inductor", mode: str | None = None) -> Fn:
+    """``torch.compile`` of ``fn`` with static shapes (``mode``: torch.compile's, e.g. ``reduce-overhead``).
 
     Static: training clips have a fixed shape, and Inductor turns its channels-last layout optimisation of
     convolutions off for dynamic shapes. A new clip shape (an aspect bucket) compiles once more.
     """
     keep_graphs_whole()
-    return torch.compile(fn, backend=backend, dynamic=False)
+    return torch.compile(fn, backend=backend, dynamic=False, mode=mode)
 
 
 def keep_graphs_whole() -> None:
