@@ -15,6 +15,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .data.batch import KEYS, SKIPPED, VIDEO
 from .data.preflight import DataError
+from .step_scalars import is_log_step
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -193,9 +194,9 @@ class LearningRateLogger(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
     ) -> None:
-        step, every = trainer.global_step, trainer.log_every_n_steps
+        step = trainer.global_step
         first_micro_batch = batch_idx % trainer.accumulate_grad_batches == 0
-        if not trainer.is_global_zero or not first_micro_batch or every <= 0 or (step + 1) % every:
+        if not (trainer.is_global_zero and first_micro_batch and is_log_step(step, trainer.log_every_n_steps)):
             return
         rates = {}
         for optimizer in trainer.optimizers:

@@ -22,7 +22,7 @@ from .metrics import video_psnr, video_ssim
 from .network import CausalVideoTokenizer, build_tokenizer
 from .network.acceleration import compile_module_call, configure_network
 from .optim import build_optimizer
-from .step_scalars import DeviceScalars, NonFiniteLossError, NonFiniteSteps, grad_norm, skip_flag
+from .step_scalars import DeviceScalars, NonFiniteLossError, NonFiniteSteps, grad_norm, is_log_step, skip_flag
 from .trainable import configure_trainable
 
 THROUGHPUT_WINDOW = 10
@@ -179,21 +179,24 @@ class TokenizerModel(pl.LightningModule):
     def _settle(self, keep_last: int, to_bar: bool = True) -> bool:
         """Read back the queued steps' scalars: skip verdicts, loggers, progress bar. Whether the
         newest step read was skipped."""
-        skipped = False
+        skipped = logged = False
         every = self.trainer.log_every_n_steps if self._trainer else 1
         for step, values in self._to_host.pop(keep_last):
             skipped = self.nonfinite.check(step, values["train/grad_norm"])
             if skipped:
                 values["train/bad_steps"] = float(self.nonfinite.in_a_row)
-            # Lightning's own logging cadence and step numbers (0: never).
-            if (every > 0 and (step + 1) % every == 0) or skipped:
+            # Lightning's own logging cadence and step numbers.
+            if is_log_step(step, every) or skipped:
+                logged = True
                 for logger in self.loggers:
                     logger.log_metrics(values, step=step)
-                    logger.save()
                 if "train/loss" in values:
                     self.loss_history.append((step, values["train/loss"]))
                     if to_bar:  # a CPU value: the bar reads it without waiting for the GPU
                         self.log("train/loss", torch.tensor(values["train/loss"]), prog_bar=True, logger=False)
+        if logged:  # rows read back after Lightning's own last save would otherwise stay unwritten
+            for logger in self.loggers:
+                logger.save()
         return skipped
 
     def on_train_end(self) -> None:

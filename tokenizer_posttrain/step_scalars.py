@@ -60,6 +60,11 @@ class DeviceScalars:
         return out
 
 
+def is_log_step(step: int, log_every_n_steps: int) -> bool:
+    """Whether optimizer step ``step`` (0-based) is logged: Lightning's cadence, 0 meaning never."""
+    return log_every_n_steps > 0 and (step + 1) % log_every_n_steps == 0
+
+
 def grad_norm(grads: list[Tensor]) -> Tensor:
     """The global L2 norm of ``grads`` in fp32, whatever their dtype (bf16 under bf16-true), in a few
     kernels; a 0-dim tensor on their device."""
