@@ -11,7 +11,9 @@ the NeMo-Run argument parsing is skipped. Rank 0 prints the median of the run's 
 
 ``--perceptual`` turns the VGG16 loss on with randomly initialised VGG weights (timing only: the
 real weights file is the user's). Extra ``group.key=value`` arguments set any config field, as on
-the command line (e.g. ``model.compile=true``).
+the command line (e.g. ``model.compile=true model.cuda_graphs=true``). ``--accumulate N`` runs N
+micro-batches per optimizer step (the recipes run one clip per GPU, 8 per step on one GPU). The
+printed ``cuda_graph_skips`` counts compiled graphs Inductor ran without CUDA graphs (0 when all ran).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tokenizer_posttrain import config as cfg  # noqa: E402
+from tokenizer_posttrain.network.acceleration import cuda_graph_skips  # noqa: E402
 from tokenizer_posttrain.train import ddp_kwargs as training_ddp_kwargs  # noqa: E402
 from tokenizer_posttrain.train import train  # noqa: E402
 
@@ -168,6 +171,9 @@ def main() -> None:
         help="train on this many synthetic clips, each made once per worker and then served from memory "
         "(takes the clip generator's CPU time out of the measurement; 0: a fresh clip every time)",
     )
+    parser.add_argument(
+        "--accumulate", type=int, default=1, help="micro-batches per optimizer step (the recipes' default is 8)"
+    )
     parser.add_argument("--perceptual", action="store_true")
     parser.add_argument(
         "--profile-steps", type=int, default=0, help="profile this many steps before the last (left out of the median)"
@@ -192,7 +198,10 @@ def main() -> None:
     for key, value in ddp_kwargs.items():
         tag += f"_{key}={value}"
     cached = f"_cached{args.cached_clips}" if args.cached_clips else ""
-    name = f"ddp_{args.model}_{world}gpu_b{args.micro_batch}{'_perc' if args.perceptual else ''}{cached}{tag}"
+    accumulate = f"x{args.accumulate}" if args.accumulate > 1 else ""
+    name = (
+        f"ddp_{args.model}_{world}gpu_b{args.micro_batch}{accumulate}{'_perc' if args.perceptual else ''}{cached}{tag}"
+    )
     configs = {
         "model": cfg.ModelConfig(model=args.model),
         "data": cfg.DataConfig(
@@ -200,7 +209,7 @@ def main() -> None:
             height=args.size,
             width=args.size,
             micro_batch_size=args.micro_batch,
-            global_batch_size=args.micro_batch * world,
+            global_batch_size=args.micro_batch * world * args.accumulate,
             num_workers=args.workers,
             **({"num_train_samples": args.cached_clips, "synthetic_cache": True} if args.cached_clips else {}),
         ),
@@ -252,6 +261,7 @@ def main() -> None:
                 "clips_per_s_per_gpu": round(statistics.median(timed) / world, 2) if timed else None,
                 "timed_steps": len(timed),
                 "peak_mem_gib_rank0": round(peak, 1),
+                "cuda_graph_skips": cuda_graph_skips(),
                 "overrides": args.overrides,
             }
         ),

@@ -5,7 +5,7 @@ weights, bf16 autocast, L1 (+ 0.1 x VGG16 perceptual), the finite-loss check, th
 to 1.0 and a fused AdamW step. Paths are ``eager`` (the plain network) or ``+``-joined levers:
 ``compile`` (torch.compile of network and losses), ``cl`` (channels-last activations, NHWC VGG input),
 ``bench`` (cudnn.benchmark), ``ckpt`` (activation checkpointing), ``chunkN`` (VGG over N frames at a time),
-``cg`` (with ``compile``: CUDA graphs, torch.compile's ``reduce-overhead`` mode; not in the trainer yet).
+``cg`` (with ``compile``: CUDA graphs, torch.compile's ``reduce-overhead`` mode; ``model.cuda_graphs``).
 
 * clips/s: median over timed steps (each ends synchronised, as the trainer's per-step checks do).
 * MFU: FLOPs of the tokenizer's forward and backward (torch.utils.flop_counter on the meta device;
@@ -184,6 +184,9 @@ class Stepper:
             self.optimizer = torch.optim.AdamW(
                 params, lr=1e-5, betas=(0.5, 0.999), weight_decay=0.01, fused=self.device.type == "cuda"
             )
+            if self.path.cuda_graphs:  # as the trainer: gradients added into, never a graph's own output
+                for p in params:
+                    p.grad = torch.zeros_like(p)
         self.forward_backward(video, mask)
         grads = [p.grad for p in self.network.parameters() if p.grad is not None]
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
@@ -191,7 +194,7 @@ class Stepper:
             raise FloatingPointError("non-finite gradient norm")
         torch.nn.utils.clip_grad_norm_(self.network.parameters(), 1.0)  # Lightning's gradient_clip_val
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.path.cuda_graphs)
 
     def close(self) -> None:
         configure_network(self.network)

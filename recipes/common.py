@@ -27,7 +27,9 @@ from tokenizer_posttrain.train import train
 def model(
     name: str, jit_ckpt_pth: Optional[str] = None, channels: Optional[int] = None, fast: bool = False
 ) -> run.Config[ModelConfig]:
-    """``fast``: compiled, channels-last training step (GPU recipes; 2.2x the clips/s of eager on an H200)."""
+    """``fast``: compiled, channels-last training step replayed as CUDA graphs (GPU recipes; on an H200,
+    2.6x eager's clips/s at batch 8, and 2.8x the compiled step without CUDA graphs at the recipes' one
+    clip per GPU)."""
     return run.Config(
         ModelConfig,
         model=name,
@@ -35,6 +37,7 @@ def model(
         channels=channels,
         lora=run.Config(LoRAConfig),
         compile=fast,
+        cuda_graphs=fast,
         channels_last=fast,
     )
 

@@ -9,6 +9,7 @@ import torch
 from tests.conftest import fit, reference_weights
 from tokenizer_posttrain import model as model_module
 from tokenizer_posttrain.config import DataConfig, LossConfig, ModelConfig, OptimConfig
+from tokenizer_posttrain.data.batch import LOSS_MASK, VIDEO
 from tokenizer_posttrain.metrics import masked_l1, video_psnr
 from tokenizer_posttrain.model import TokenizerModel
 from tokenizer_posttrain.network import acceleration
@@ -70,13 +71,65 @@ def test_small_lr_steps_under_bf16_mixed_change_the_fp32_weights(tmp_path) -> No
 
 
 def test_speed_switches_are_validated() -> None:
-    for key in ("compile", "channels_last", "activation_checkpointing"):
+    for key in ("compile", "cuda_graphs", "channels_last", "activation_checkpointing"):
         with pytest.raises(ValueError, match=f"model.{key}='yes': use true or false"):
             ModelConfig(**{key: "yes"})
     with pytest.raises(ValueError, match="model.compile_scope='graph': use step or blocks"):
         ModelConfig(compile_scope="graph")
     with pytest.raises(ValueError, match="data.synthetic_cache='yes': use true or false"):
         DataConfig(synthetic_cache="yes")
+
+
+def test_cuda_graphs_keep_gradients_allocated_and_zero_them_in_place() -> None:
+    # A gradient set to None would become a CUDA graph's output, which the next replay overwrites.
+    cfg = ModelConfig(model="CV8x8x8", channels=16, compile=True, cuda_graphs=True, trainable="decoder")
+    with pytest.warns(UserWarning, match="RANDOM weights"):
+        module = TokenizerModel(cfg, loss=NO_VGG)
+    optimizer = torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=0.1)
+    module.optimizer_zero_grad(0, 0, optimizer)
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    assert trainable and all(p.grad is not None and not p.grad.any() for p in trainable)
+    assert all(p.grad is None for p in module.parameters() if not p.requires_grad)  # the frozen encoder
+    first = [p.grad for p in trainable]
+    for grad in first:
+        grad.fill_(1.0)
+    module.optimizer_zero_grad(0, 1, optimizer)
+    assert all(p.grad is g and not g.any() for p, g in zip(trainable, first, strict=False))
+    # Without CUDA graphs gradients are freed between steps, as Lightning does by default.
+    with pytest.warns(UserWarning, match="RANDOM weights"):
+        plain = TokenizerModel(ModelConfig(model="CV8x8x8", channels=16), loss=NO_VGG)
+    for p in plain.parameters():
+        p.grad = torch.ones_like(p)
+    plain.optimizer_zero_grad(0, 0, torch.optim.SGD(plain.parameters(), lr=0.1))
+    assert all(p.grad is None for p in plain.parameters())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_accumulate_the_gradients_of_eager() -> None:
+    # Two micro-batches per step, new clips every step: stolen or stale CUDA-graph outputs would
+    # show as gradients of the wrong clips or the wrong sum (pytorch/pytorch#169545).
+    weights = str(reference_weights("CV8x8x8"))
+    clips = torch.rand(4, 2, 1, 3, 9, 32, 32, generator=torch.Generator().manual_seed(0)).cuda() * 2 - 1
+    mask = torch.ones(1, 1, 9, 32, 32, device="cuda")
+
+    def gradients(**switches: bool) -> list[torch.Tensor]:
+        cfg = ModelConfig(model="CV8x8x8", jit_ckpt_pth=weights, channels=16, **switches)
+        module = TokenizerModel(cfg, loss=NO_VGG).cuda()
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.0)
+        seen = []
+        for step, micro_batches in enumerate(clips):
+            module.optimizer_zero_grad(0, step, optimizer)
+            for i, video in enumerate(micro_batches):
+                (module.training_step({VIDEO: video, LOSS_MASK: mask}, i) / len(micro_batches)).backward()
+            seen.append(torch.cat([p.grad.flatten() for p in module.network.parameters()]))
+        return seen
+
+    eager = gradients()
+    graphed = gradients(compile=True, cuda_graphs=True)
+    assert acceleration.cuda_graph_skips() == 0
+    for step, (want, got) in enumerate(zip(eager, graphed, strict=False)):
+        error = ((got - want).norm() / want.norm()).item()
+        assert error < 1e-2, f"step {step}: relative gradient error {error:.2e}"
 
 
 @pytest.fixture
@@ -91,7 +144,8 @@ def dynamo_config() -> Iterator[None]:
 def test_speed_switches_keep_keys_and_results_and_train(tmp_path, monkeypatch, scope) -> None:
     # Dynamo's capture with backend="eager": Inductor's code generation would take minutes on a CPU
     # (benchmarks/train_step.py --check compares Inductor's kernels with eager on the GPU).
-    monkeypatch.setattr(model_module, "compile_module_call", lambda fn: compile_module_call(fn, backend="eager"))
+    eager_capture = lambda fn, mode=None: compile_module_call(fn, backend="eager")  # noqa: E731
+    monkeypatch.setattr(model_module, "compile_module_call", eager_capture)
     monkeypatch.setattr(acceleration, "SEGMENT_BACKEND", "eager")
     compiled_pieces: dict = {}
     monkeypatch.setattr(acceleration, "_compiled_functions", compiled_pieces)

@@ -41,8 +41,10 @@ def test_gpu_recipes_use_nemo_defaults() -> None:
         trainer.checkpoint_keep,
     ) == ("bf16-mixed", 10000, 100, 1, 1, 100, 3)
     assert kw["resume"].resume_if_exists and kw["resume"].resume_past_end
-    # NeMo's defaults plus the compiled, channels-last step (eager on a CPU: see train()).
-    assert kw["model"] == ModelConfig(model="Cosmos-1.0-Tokenizer-CV8x8x8", compile=True, channels_last=True)
+    # NeMo's defaults plus the compiled, channels-last step as CUDA graphs (eager on a CPU: see train()).
+    assert kw["model"] == ModelConfig(
+        model="Cosmos-1.0-Tokenizer-CV8x8x8", compile=True, cuda_graphs=True, channels_last=True
+    )
 
 
 def test_overrides_reach_the_configs() -> None:

@@ -1,6 +1,7 @@
 """Launch-time checks (parallelism, accumulation, clip shapes) and how train() sets up the Trainer."""
 
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -108,11 +109,17 @@ def test_clipping_works_with_the_fused_optimizer_cuda_runs_use(tmp_path: Path, m
 
 def test_compile_is_left_off_on_the_cpu() -> None:
     # The GPU recipes turn it on; a run that lands on a CPU must not spend minutes in Inductor.
-    fast = ModelConfig(model="CV8x8x8", compile=True, channels_last=True)
+    fast = ModelConfig(model="CV8x8x8", compile=True, cuda_graphs=True, channels_last=True)
     with pytest.warns(UserWarning, match="model.compile is for GPUs"):
         on_cpu = resolve_compile(fast, "cpu")
-    assert not on_cpu.compile and on_cpu.channels_last
+    assert not on_cpu.compile and not on_cpu.cuda_graphs and on_cpu.channels_last
     assert resolve_compile(fast, "gpu") is fast
+    # The GPU recipes' CUDA graphs need the step compiled whole: other choices train without them.
+    for other in ({"compile": False}, {"compile_scope": "blocks"}):
+        chosen = replace(fast, **other)
+        with pytest.warns(UserWarning, match="model.cuda_graphs=true needs model.compile=true and model.compile_sc"):
+            resolved = resolve_compile(chosen, "gpu")
+        assert resolved == replace(chosen, cuda_graphs=False) and not resolved.replays_cuda_graphs
 
 
 def test_synthetic_runs_need_no_video_stack() -> None:

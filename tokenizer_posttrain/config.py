@@ -66,12 +66,23 @@ class ModelConfig:
     """With model.compile: 'step' compiles network and losses as one graph; 'blocks' compiles each
     ResNet block, resampler, attention, stem and head, and the losses, on their own, so DDP can
     all-reduce gradients while the backward pass still runs (docs/benchmarks.md compares them)."""
+    cuda_graphs: bool = False
+    """Replay the compiled step as CUDA graphs (torch.compile's reduce-overhead mode), so the host
+    launches a step's thousands of kernels in one call; needs model.compile=true and
+    model.compile_scope=step (else ignored, with a warning). Gradients then stay allocated and are
+    zeroed in place each step (a CUDA graph overwrites its outputs at its next replay)."""
     channels_last: bool = False
     """Lay activations out channels-last (torch.channels_last_3d; NHWC for the VGG16), the layout
     of cuDNN's tensor-core convolutions. Same results; pays with model.compile (slower in eager)."""
     activation_checkpointing: bool = False
     """Keep only the input of each ResNet block, resampler, stem and head for the backward pass
     and recompute the rest: far less memory for long or large clips, same results."""
+
+    @property
+    def replays_cuda_graphs(self) -> bool:
+        """Whether the training step runs as CUDA graphs: ``cuda_graphs`` takes effect only on the
+        step compiled whole (``train.resolve_compile`` warns when it is set but cannot)."""
+        return self.cuda_graphs and self.compile and self.compile_scope == "step"
 
     def __post_init__(self) -> None:
         from .registry import resolve_name
@@ -84,7 +95,7 @@ class ModelConfig:
         _require(
             self.channels is None or self.channels > 0, "model.channels", self.channels, "must be a positive integer"
         )
-        for key in ("compile", "channels_last", "activation_checkpointing"):
+        for key in ("compile", "cuda_graphs", "channels_last", "activation_checkpointing"):
             value = getattr(self, key)
             _require(isinstance(value, bool), f"model.{key}", value, "use true or false")
         _require(self.compile_scope in _COMPILE_SCOPES, "model.compile_scope", self.compile_scope, "use step or blocks")

@@ -20,7 +20,7 @@ from .losses import PerceptualLoss, build_perceptual_loss, reconstruction_losses
 from .media import side_by_side_frames, write_mp4
 from .metrics import video_psnr, video_ssim
 from .network import CausalVideoTokenizer, build_tokenizer
-from .network.acceleration import compile_module_call, configure_network
+from .network.acceleration import compile_module_call, configure_network, warn_if_cuda_graphs_skipped
 from .optim import build_optimizer
 from .step_scalars import DeviceScalars, NonFiniteLossError, NonFiniteSteps, grad_norm, is_log_step, skip_flag
 from .trainable import configure_trainable
@@ -61,7 +61,11 @@ class TokenizerModel(pl.LightningModule):
         self._perceptual = [perceptual] if perceptual is not None else []
         # Compiled functions, not compiled modules: wrapping the network would rename every checkpoint key.
         compiled, scope = self.model_config.compile, self.model_config.compile_scope
-        self._step_terms = compile_module_call(self._train_terms) if compiled and scope == "step" else self._train_terms
+        self._cuda_graphs = self.model_config.replays_cuda_graphs
+        self._step_terms = self._train_terms
+        if compiled and scope == "step":
+            mode = "reduce-overhead" if self._cuda_graphs else None
+            self._step_terms = compile_module_call(self._train_terms, mode=mode)
         self._loss_terms = (
             compile_module_call(reconstruction_losses) if compiled and scope == "blocks" else reconstruction_losses
         )
@@ -132,15 +136,31 @@ class TokenizerModel(pl.LightningModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         video, mask = self._input(batch)
+        if self._cuda_graphs:
+            # Each micro-batch is a new replay; outputs of the last one are no longer read.
+            torch.compiler.cudagraph_mark_step_begin()
         terms = self._step_terms(video, mask, self._perceptual_on(video.device))
         # A NaN/Inf loss is not caught here: it makes NaN gradients, which on_before_optimizer_step
         # detects after DDP's all-reduce, so every rank skips the same step. Returning None on one
         # rank would leave the others waiting in the all-reduce.
         for name, value in terms.items():
-            value = value.detach()
+            value = value.detach().clone()  # a CUDA graph's output is overwritten by its next replay
             self._step_sums[name] = self._step_sums[name] + value if name in self._step_sums else value
         self._micro_batches += 1
         return terms["loss"]
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        if not self._cuda_graphs:
+            optimizer.zero_grad(set_to_none=True)
+            return
+        # A gradient set to None is replaced by the backward's output tensor itself, which under
+        # CUDA graphs is memory the next replay overwrites: accumulated micro-batches or the next
+        # step would then read another step's values. Gradients that stay allocated are added into.
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        torch._foreach_zero_([p.grad for p in params])
 
     @property
     def bad_steps(self) -> int:
@@ -229,6 +249,8 @@ class TokenizerModel(pl.LightningModule):
         # the queue of asynchronous kernels keeps the host no more than a step ahead. Logged as CPU
         # tensors: a Python number would become a CUDA tensor, a copy that waits for the GPU.
         self._batch_ends.append((time.perf_counter(), batch[VIDEO].shape[0] * self.trainer.world_size))
+        if self._cuda_graphs and batch_idx == 0:
+            warn_if_cuda_graphs_skipped()
         if len(self._batch_ends) > 1:
             elapsed = self._batch_ends[-1][0] - self._batch_ends[0][0]
             clips = sum(n for _, n in list(self._batch_ends)[1:])

@@ -96,11 +96,19 @@ def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
 
 
 def resolve_compile(model: ModelConfig, accelerator: str) -> ModelConfig:
-    """``model`` with ``compile`` off (and a warning) on a CPU: the GPU recipes turn it on, and on a
-    CPU Inductor would spend minutes generating code for no gain."""
+    """``model`` with ``compile`` and ``cuda_graphs`` off (and a warning) on a CPU: the GPU recipes turn
+    them on, and on a CPU Inductor would spend minutes generating code for no gain. ``cuda_graphs``
+    is also turned off, with a warning, where the step is not compiled whole."""
     if model.compile and accelerator == "cpu":
         warnings.warn("model.compile is for GPUs: training eagerly on the CPU", stacklevel=2)
-        return replace(model, compile=False)
+        return replace(model, compile=False, cuda_graphs=False)
+    if model.cuda_graphs and not model.replays_cuda_graphs:
+        warnings.warn(
+            f"model.cuda_graphs=true needs model.compile=true and model.compile_scope=step (got compile="
+            f"{str(model.compile).lower()}, compile_scope={model.compile_scope}): training without CUDA graphs",
+            stacklevel=2,
+        )
+        return replace(model, cuda_graphs=False)
     return model
 
 

@@ -16,6 +16,7 @@ of the network without wrapping the module (which would prefix every checkpoint 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -94,6 +95,25 @@ def compile_module_call(fn: Fn, backend: str = "inductor", mode: str | None = No
     """
     keep_graphs_whole()
     return torch.compile(fn, backend=backend, dynamic=False, mode=mode)
+
+
+def cuda_graph_skips() -> int:
+    """How many compiled graphs Inductor has run without CUDA graphs in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
+def warn_if_cuda_graphs_skipped() -> None:
+    """Warn when ``model.cuda_graphs`` is on but Inductor fell back to launching kernels one by one
+    (it logs why only under ``TORCH_LOGS=cudagraphs``)."""
+    skips = cuda_graph_skips()
+    if skips:
+        warnings.warn(
+            f"model.cuda_graphs: Inductor ran {skips} compiled graph(s) without CUDA graphs; "
+            "rerun with TORCH_LOGS=cudagraphs to see why",
+            stacklevel=2,
+        )
 
 
 def keep_graphs_whole() -> None:
