@@ -80,7 +80,8 @@ def fit(
     **trainer_kw: Any,
 ) -> pl.Trainer:
     """A few bf16-mixed CPU training steps of ``module`` on small synthetic clips (no logs, no
-    checkpoints, unless ``trainer_kw`` asks: any ``pl.Trainer`` argument)."""
+    checkpoints, unless ``trainer_kw`` asks: any ``pl.Trainer`` argument, and ``ckpt_path_for_fit``
+    to resume from a checkpoint)."""
     options: dict[str, Any] = dict(
         accelerator="cpu",
         max_steps=steps,
@@ -93,11 +94,13 @@ def fit(
         callbacks=callbacks or [],
         use_distributed_sampler=False,
     )
+    ckpt_path = trainer_kw.pop("ckpt_path_for_fit", None)
     trainer = pl.Trainer(**{**options, **trainer_kw})
     trainer.fit(
         module,
         datamodule=datamodule
         or SyntheticVideoDataModule(frames=9, height=32, width=32, num_workers=0, num_train_samples=8),
+        ckpt_path=ckpt_path,
     )
     return trainer
 

@@ -1,8 +1,11 @@
 """TokenizerModel: fp32 master weights under bf16 autocast, masked loss, real updates, speed switches."""
 
 import copy
+import functools
 from collections.abc import Iterator
+from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -10,6 +13,7 @@ from tests.conftest import fit, reference_weights
 from tokenizer_posttrain import model as model_module
 from tokenizer_posttrain.config import DataConfig, LossConfig, ModelConfig, OptimConfig
 from tokenizer_posttrain.data.batch import LOSS_MASK, VIDEO
+from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
 from tokenizer_posttrain.metrics import masked_l1, video_psnr
 from tokenizer_posttrain.model import TokenizerModel
 from tokenizer_posttrain.network import acceleration
@@ -94,7 +98,13 @@ def test_cuda_graphs_keep_gradients_allocated_and_zero_them_in_place() -> None:
     for grad in first:
         grad.fill_(1.0)
     module.optimizer_zero_grad(0, 1, optimizer)
-    assert all(p.grad is g and not g.any() for p, g in zip(trainable, first, strict=False))
+    assert all(p.grad is g and not g.any() for p, g in zip(trainable, first, strict=True))
+    module.on_validation_model_zero_grad()  # Lightning's default frees them before validation
+    assert all(p.grad is g for p, g in zip(trainable, first, strict=True))
+    trainable[0].grad = None
+    module.on_before_backward(torch.zeros(()))  # a backward without zero_grad before it
+    assert trainable[0].grad is not None
+    assert all(p.grad is g for p, g in zip(trainable[1:], first[1:], strict=True))
     # Without CUDA graphs gradients are freed between steps, as Lightning does by default.
     with pytest.warns(UserWarning, match="RANDOM weights"):
         plain = TokenizerModel(ModelConfig(model="CV8x8x8", channels=16), loss=NO_VGG)
@@ -102,6 +112,62 @@ def test_cuda_graphs_keep_gradients_allocated_and_zero_them_in_place() -> None:
         p.grad = torch.ones_like(p)
     plain.optimizer_zero_grad(0, 0, torch.optim.SGD(plain.parameters(), lr=0.1))
     assert all(p.grad is None for p in plain.parameters())
+
+
+class GradientsAtBackward(pl.Callback):
+    """Records the batch indices trained and every trainable parameter whose gradient arrived while
+    ``.grad`` was None (under CUDA graphs that gradient would be the graph's own output)."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+        self.missing: list[str] = []
+
+    def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        for name, param in module.named_parameters():
+            if param.requires_grad:
+                param.register_hook(functools.partial(self._arrived, name, param))
+
+    def _arrived(self, name: str, param: torch.Tensor, grad: torch.Tensor) -> None:
+        if param.grad is None:
+            self.missing.append(name)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, module: pl.LightningModule, batch, batch_idx: int) -> None:
+        self.batches.append(batch_idx)
+
+
+class SaveAt(pl.Callback):
+    def __init__(self, batch_idx: int, path: Path) -> None:
+        self.batch_idx, self.path = batch_idx, path
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module, outputs, batch, batch_idx: int) -> None:
+        if batch_idx == self.batch_idx:
+            trainer.save_checkpoint(self.path)
+
+
+@pytest.mark.usefixtures("dynamo_config")
+def test_cuda_graphs_find_gradients_allocated_at_every_backward_after_a_resume_mid_step(tmp_path, monkeypatch) -> None:
+    # A preemption checkpoint can fall between the micro-batches of a step; the run resumed from it
+    # starts without Lightning's zero_grad, so the gradients must be allocated before its backward.
+    eager_capture = lambda fn, mode=None: compile_module_call(fn, backend="eager")  # noqa: E731
+    monkeypatch.setattr(model_module, "compile_module_call", eager_capture)
+    cfg = ModelConfig(
+        model="CV8x8x8", jit_ckpt_pth=str(reference_weights("CV8x8x8")), channels=16, compile=True, cuda_graphs=True
+    )
+    data = SyntheticVideoDataModule(frames=9, height=32, width=32, num_workers=0, num_train_samples=16)
+    middle, first, resumed = tmp_path / "middle.ckpt", GradientsAtBackward(), GradientsAtBackward()
+    fit(TokenizerModel(cfg, loss=NO_VGG), tmp_path, 1, [first, SaveAt(1, middle)], data, accumulate_grad_batches=4)
+    assert first.batches == [0, 1, 2, 3] and not first.missing
+    fit(
+        TokenizerModel(cfg, loss=NO_VGG),
+        tmp_path,
+        2,
+        [resumed],
+        data,
+        accumulate_grad_batches=4,
+        ckpt_path_for_fit=str(middle),
+    )
+    assert resumed.batches[0] % 4 != 0 and resumed.batches[-1] == 7  # resumed inside the first step
+    assert not resumed.missing, sorted(set(resumed.missing))[:5]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -112,7 +178,7 @@ def test_cuda_graphs_accumulate_the_gradients_of_eager() -> None:
     clips = torch.rand(4, 2, 1, 3, 9, 32, 32, generator=torch.Generator().manual_seed(0)).cuda() * 2 - 1
     mask = torch.ones(1, 1, 9, 32, 32, device="cuda")
 
-    def gradients(**switches: bool) -> list[torch.Tensor]:
+    def gradients(**switches: bool) -> tuple[list[torch.Tensor], TokenizerModel]:
         cfg = ModelConfig(model="CV8x8x8", jit_ckpt_pth=weights, channels=16, **switches)
         module = TokenizerModel(cfg, loss=NO_VGG).cuda()
         optimizer = torch.optim.SGD(module.parameters(), lr=0.0)
@@ -122,11 +188,17 @@ def test_cuda_graphs_accumulate_the_gradients_of_eager() -> None:
             for i, video in enumerate(micro_batches):
                 (module.training_step({VIDEO: video, LOSS_MASK: mask}, i) / len(micro_batches)).backward()
             seen.append(torch.cat([p.grad.flatten() for p in module.network.parameters()]))
-        return seen
+        return seen, module
 
-    eager = gradients()
-    graphed = gradients(compile=True, cuda_graphs=True)
-    assert acceleration.cuda_graph_skips() == 0
+    eager, _ = gradients()
+    skips = acceleration.cuda_graph_skips()
+    graphed, module = gradients(compile=True, cuda_graphs=True)  # module kept: its graphs live with it
+    assert acceleration.cuda_graph_skips() == skips
+    # The step did run as recorded CUDA graphs (forward and backward), not as plain compiled code.
+    from torch._inductor import cudagraph_trees
+
+    manager = cudagraph_trees.get_manager(0, create_if_none_exists=False)
+    assert manager is not None and len(list(manager.get_roots())) > 0
     for step, (want, got) in enumerate(zip(eager, graphed, strict=False)):
         error = ((got - want).norm() / want.norm()).item()
         assert error < 1e-2, f"step {step}: relative gradient error {error:.2e}"

@@ -62,6 +62,7 @@ class TokenizerModel(pl.LightningModule):
         # Compiled functions, not compiled modules: wrapping the network would rename every checkpoint key.
         compiled, scope = self.model_config.compile, self.model_config.compile_scope
         self._cuda_graphs = self.model_config.replays_cuda_graphs
+        self._graphs_checked = False
         self._step_terms = self._train_terms
         if compiled and scope == "step":
             mode = "reduce-overhead" if self._cuda_graphs else None
@@ -153,14 +154,30 @@ class TokenizerModel(pl.LightningModule):
         if not self._cuda_graphs:
             optimizer.zero_grad(set_to_none=True)
             return
-        # A gradient set to None is replaced by the backward's output tensor itself, which under
-        # CUDA graphs is memory the next replay overwrites: accumulated micro-batches or the next
-        # step would then read another step's values. Gradients that stay allocated are added into.
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        torch._foreach_zero_([p.grad for p in params])
+        torch._foreach_zero_(self._allocated_gradients())
+
+    def on_before_backward(self, loss: Tensor) -> None:
+        # Lightning zeroes gradients only at a step's first micro-batch: a run resumed from a
+        # checkpoint written between micro-batches starts its backward without that.
+        if self._cuda_graphs:
+            self._allocated_gradients()
+
+    def on_validation_model_zero_grad(self) -> None:
+        if not self._cuda_graphs:  # Lightning frees the gradients; with CUDA graphs they stay allocated
+            super().on_validation_model_zero_grad()
+
+    def _allocated_gradients(self) -> list[Tensor]:
+        """The trainable parameters' gradients, allocated where missing. Under CUDA graphs a gradient
+        that is None when backward reaches it becomes the graph's own output tensor, which the next
+        replay overwrites (accumulated micro-batches or the next step would read another step's
+        values); a gradient that exists is added into instead."""
+        grads = []
+        for param in self.parameters():
+            if param.requires_grad:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                grads.append(param.grad)
+        return grads
 
     @property
     def bad_steps(self) -> int:
@@ -170,6 +187,7 @@ class TokenizerModel(pl.LightningModule):
     def on_train_start(self) -> None:
         # A second fit() of the same module (after an exception) starts with nothing left over.
         self._step_sums, self._micro_batches, self._to_host = {}, 0, DeviceScalars()
+        self._graphs_checked = False
         self._batch_ends.clear()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -249,7 +267,8 @@ class TokenizerModel(pl.LightningModule):
         # the queue of asynchronous kernels keeps the host no more than a step ahead. Logged as CPU
         # tensors: a Python number would become a CUDA tensor, a copy that waits for the GPU.
         self._batch_ends.append((time.perf_counter(), batch[VIDEO].shape[0] * self.trainer.world_size))
-        if self._cuda_graphs and batch_idx == 0:
+        if self._cuda_graphs and not self._graphs_checked:  # the first batch has compiled the step
+            self._graphs_checked = True
             warn_if_cuda_graphs_skipped()
         if len(self._batch_ends) > 1:
             elapsed = self._batch_ends[-1][0] - self._batch_ends[0][0]

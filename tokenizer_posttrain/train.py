@@ -226,7 +226,8 @@ def ddp_kwargs(model: ModelConfig) -> dict[str, Any]:
     * no buffer broadcast in every forward: the networks' buffers (Haar filters, FSQ levels, VGG input
       scaling) are constants, built equal on every rank;
     * gradients are views into DDP's buckets, so they are not copied back out of them after the
-      all-reduce (Lightning sets gradients to None every step, so each is still copied in);
+      all-reduce (with ``model.cuda_graphs`` they also stay there between steps; otherwise gradients
+      are set to None every step, and each is copied in again);
     * one bucket when the whole step is compiled: its backward hands DDP every gradient at its end,
       so smaller buckets only add all-reduce calls, with nothing left to overlap them with.
     """
