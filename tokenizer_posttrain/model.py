@@ -145,8 +145,9 @@ class TokenizerModel(pl.LightningModule):
         # detects after DDP's all-reduce, so every rank skips the same step. Returning None on one
         # rank would leave the others waiting in the all-reduce.
         for name, value in terms.items():
-            value = value.detach().clone()  # a CUDA graph's output is overwritten by its next replay
-            self._step_sums[name] = self._step_sums[name] + value if name in self._step_sums else value
+            value = value.detach()
+            # A copy where the output itself would be kept: a CUDA graph overwrites it at its next replay.
+            self._step_sums[name] = self._step_sums[name] + value if name in self._step_sums else value.clone()
         self._micro_batches += 1
         return terms["loss"]
 
