@@ -9,8 +9,8 @@
 import sys
 
 import recipes
-from tokenizer_posttrain.cli import run_cli
-from tokenizer_posttrain.train import train
+from tokenizer_posttrain.commands.train_cli import run_cli
+from tokenizer_posttrain.training.train import train
 
 if __name__ == "__main__":
     sys.exit(run_cli(train, default_factory=recipes.cv8x8x8.cv8x8x8))

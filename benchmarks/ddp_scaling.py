@@ -1,6 +1,6 @@
 """Data-parallel scaling of the real training loop: clips/s on 1..N GPUs (not a test).
 
-Runs :func:`tokenizer_posttrain.train.train`, the function ``train_tokenizer.py`` runs, with the
+Runs :func:`tokenizer_posttrain.training.train.train`, the function ``train_tokenizer.py`` runs, with the
 same Trainer, DDP strategy, LightningModule and checkpointing, under torchrun, on synthetic clips
 made in loader workers (no dataset or video stack needed, so it runs on a bare GPU machine). Only
 the NeMo-Run argument parsing is skipped. Rank 0 prints the median of the run's own
@@ -39,10 +39,10 @@ from lightning.pytorch.strategies import DDPStrategy
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tokenizer_posttrain import config as cfg  # noqa: E402
-from tokenizer_posttrain.network.acceleration import cuda_graph_skips  # noqa: E402
-from tokenizer_posttrain.train import ddp_kwargs as training_ddp_kwargs  # noqa: E402
-from tokenizer_posttrain.train import train  # noqa: E402
+from tokenizer_posttrain.training import config as cfg  # noqa: E402
+from tokenizer_posttrain.training.acceleration import cuda_graph_skips  # noqa: E402
+from tokenizer_posttrain.training.train import ddp_kwargs as training_ddp_kwargs  # noqa: E402
+from tokenizer_posttrain.training.train import train  # noqa: E402
 
 
 def _set(obj: object, dotted: str, text: str) -> None:
@@ -61,7 +61,7 @@ def _set(obj: object, dotted: str, text: str) -> None:
 
 def random_vgg_file(directory: Path) -> str:
     """A VGG16 feature-extractor state dict with random weights, in the key layout the loss reads."""
-    from tokenizer_posttrain.losses import VGG16Features
+    from tokenizer_posttrain.losses.perceptual import VGG16Features
 
     path = directory / "vgg16_random.pth"
     if not path.exists():

@@ -1,11 +1,12 @@
 """Training-step speed, model FLOP utilisation and peak memory of the tokenizers on one GPU.
 
-One step is what ``TokenizerModel`` and Lightning do with ``trainer.precision=bf16-mixed``: fp32 master
-weights, bf16 autocast, L1 (+ 0.1 x VGG16 perceptual), the finite-loss check, the gradient norm, clipping
-to 1.0 and a fused AdamW step. Paths are ``eager`` (the plain network) or ``+``-joined levers:
-``compile`` (torch.compile of network and losses), ``cl`` (channels-last activations, NHWC VGG input),
-``bench`` (cudnn.benchmark), ``ckpt`` (activation checkpointing), ``chunkN`` (VGG over N frames at a time),
-``cg`` (with ``compile``: CUDA graphs, torch.compile's ``reduce-overhead`` mode; ``model.cuda_graphs``).
+One step is the trainer's own ``TokenizerModel`` step, driven through the hooks Lightning calls with
+``trainer.precision=bf16-mixed`` (see :class:`Stepper`): fp32 master weights, bf16 autocast, L1 (+ 0.1 x VGG16
+perceptual), the NaN/Inf verdict read a step late, the gradient norm, clipping to 1.0 and a fused AdamW step.
+Paths are ``eager`` (the plain network) or ``+``-joined levers, each a ``model.*`` setting of the trainer:
+``compile`` (``model.compile``), ``cl`` (``model.channels_last``), ``ckpt`` (``model.activation_checkpointing``),
+``cg`` (with ``compile``: ``model.cuda_graphs``), ``chunkN`` (``loss.perceptual.frame_chunk=N``), and ``bench``
+(cudnn.benchmark, not a trainer setting).
 
 * clips/s: median over timed steps (each ends synchronised, as the trainer's per-step checks do).
 * MFU: FLOPs of the tokenizer's forward and backward (torch.utils.flop_counter on the meta device;
@@ -16,8 +17,8 @@ to 1.0 and a fused AdamW step. Paths are ``eager`` (the plain network) or ``+``-
   that of eager bf16 against eager fp32).
 * ``--bench-off``: paths with ``bench`` are timed again with ``cudnn.benchmark`` off (no recompilation).
 
-The VGG16 has random (He-initialised) weights: the ImageNet file is not needed for timing.
-Imports only torch and this package's network and loss modules. Example (one H200)::
+The VGG16 has random (He-initialised) weights, written to a temporary file the loss reads like the ImageNet
+file: the real file is not needed for timing. Example (one H200)::
 
     PYTHONPATH=. python3 benchmarks/train_step.py --models CV8x8x8 --batches 8 --paths eager compile+cl+bench
 """
@@ -29,7 +30,9 @@ import json
 import math
 import os
 import statistics
+import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,9 +40,13 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from tokenizer_posttrain.losses import PerceptualLoss, VGG16Features, reconstruction_losses
+from tokenizer_posttrain.data.batch import LOSS_MASK, VIDEO
+from tokenizer_posttrain.losses import LossConfig
+from tokenizer_posttrain.losses.perceptual import PerceptualConfig, VGG16Features
 from tokenizer_posttrain.network import CausalVideoTokenizer, build_tokenizer
-from tokenizer_posttrain.network.acceleration import compile_module_call, configure_network
+from tokenizer_posttrain.training import acceleration
+from tokenizer_posttrain.training.config import ModelConfig, OptimConfig
+from tokenizer_posttrain.training.module import TokenizerModel
 
 PERCEPTUAL_WEIGHT = 0.1
 LEVERS = ("compile", "cl", "bench", "ckpt", "cg")
@@ -122,8 +129,9 @@ def matmul_peak_tflops(device: torch.device, n: int = 8192, reps: int = 20) -> f
     return 2 * n**3 / statistics.median(times) / 1e12
 
 
-def random_vgg(device: torch.device) -> VGG16Features:
-    """A frozen VGG16 trunk with He-normal weights (activations of all five taps stay O(1))."""
+def random_vgg_file(directory: Path) -> Path:
+    """A VGG16 weights file (torchvision's key layout) with He-normal weights: activations of all five taps
+    stay O(1), and the loss reads it the way it reads the ImageNet file."""
     vgg = VGG16Features()
     generator = torch.Generator().manual_seed(0)
     for module in vgg.modules():
@@ -131,73 +139,77 @@ def random_vgg(device: torch.device) -> VGG16Features:
             fan_in = module.in_channels * 9
             module.weight.data = torch.randn(module.weight.shape, generator=generator) * math.sqrt(2 / fan_in)
             module.bias.data.zero_()
-    return vgg.requires_grad_(False).to(device)
-
-
-def train_terms(
-    network: CausalVideoTokenizer, video: Tensor, mask: Tensor, perceptual: PerceptualLoss | None
-) -> dict[str, Tensor]:
-    """TokenizerModel's training forward: reconstruction, then L1 + weighted perceptual."""
-    return reconstruction_losses(network(video), video, mask, 1.0, perceptual, PERCEPTUAL_WEIGHT)
+    path = directory / "vgg16_random.pth"
+    torch.save(vgg.state_dict(), path)
+    return path
 
 
 class Stepper:
-    """One path's training step on one network: forward, checks, backward, clipping, AdamW."""
+    """One path's training step: the trainer's own ``TokenizerModel``, driven through the hooks Lightning calls
+    in one optimizer step (zero_grad, training_step under bf16 autocast, backward, on_before_optimizer_step with
+    its NaN/Inf verdict, gradient norm and clipping to 1.0, fused AdamW), so this times the code the trainer runs.
+    """
 
     def __init__(
         self,
-        network: CausalVideoTokenizer,
+        model: str,
+        channels: int | None,
         path: Levers,
-        vgg: VGG16Features | None,
+        vgg_file: Path | None,
         device: torch.device,
         backend: str = "inductor",
     ) -> None:
-        self.network, self.path, self.device = network, path, device
-        configure_network(network, activation_checkpointing=path.checkpointing, channels_last=path.channels_last)
+        self.path, self.device = path, device
         torch.backends.cudnn.benchmark = path.cudnn_benchmark
-        self.perceptual = (
-            PerceptualLoss(vgg=vgg, frame_chunk=path.frame_chunk, channels_last=path.channels_last).to(device)
-            if vgg is not None
-            else None
-        )
         if path.compile:
             torch._dynamo.reset()  # a fresh cache per case: no recompile limit, no stale guards
-        mode = "reduce-overhead" if path.cuda_graphs else None
-        self.terms = compile_module_call(train_terms, backend, mode) if path.compile else train_terms
+        model_config = ModelConfig(
+            model=model,
+            channels=channels,
+            compile=path.compile,
+            cuda_graphs=path.cuda_graphs,
+            channels_last=path.channels_last,
+            activation_checkpointing=path.checkpointing,
+        )
+        perceptual = PerceptualConfig(
+            weight=PERCEPTUAL_WEIGHT if vgg_file else 0.0,
+            weights_path=str(vgg_file) if vgg_file else None,
+            frame_chunk=path.frame_chunk,
+        )
+        optim = OptimConfig(lr=1e-5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # random weights (load_state_dict follows), self.log without a trainer
+            acceleration.COMPILE_BACKEND = acceleration.SEGMENT_BACKEND = backend
+            loss = LossConfig(perceptual=perceptual)
+            self.module = TokenizerModel(model_config, optim, loss, gradient_clip_val=1.0)
+        self.module.to(device)
         self.optimizer: torch.optim.Optimizer | None = None
 
+    @property
+    def network(self) -> CausalVideoTokenizer:
+        return self.module.network
+
     def forward_backward(self, video_bf16: Tensor, mask: Tensor, autocast: bool = True) -> Tensor:
-        video = video_bf16.float()  # the trainer feeds the parameters' dtype (fp32) under autocast
-        if self.path.cuda_graphs:
-            torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten
+        """``training_step`` (under bf16 autocast, as Lightning's bf16-mixed) and its backward."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
-            terms = self.terms(self.network, video, mask, self.perceptual)
-        loss = terms["loss"]
-        if not torch.isfinite(loss):  # the trainer's skip check: one host sync per step, as there
-            raise FloatingPointError(f"loss is {loss.item()}")
+            loss = self.module.training_step({VIDEO: video_bf16, LOSS_MASK: mask}, 0)
+        self.module.on_before_backward(loss)
         loss.backward()
         return loss.detach()
 
     def step(self, video: Tensor, mask: Tensor) -> None:
         if self.optimizer is None:
-            params = [p for p in self.network.parameters() if p.requires_grad]
-            self.optimizer = torch.optim.AdamW(
-                params, lr=1e-5, betas=(0.5, 0.999), weight_decay=0.01, fused=self.device.type == "cuda"
-            )
-            if self.path.cuda_graphs:  # as the trainer: gradients added into, never a graph's own output
-                for p in params:
-                    p.grad = torch.zeros_like(p)
-        self.forward_backward(video, mask)
-        grads = [p.grad for p in self.network.parameters() if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-        if not torch.isfinite(norm):  # on_before_optimizer_step's check
-            raise FloatingPointError("non-finite gradient norm")
-        torch.nn.utils.clip_grad_norm_(self.network.parameters(), 1.0)  # Lightning's gradient_clip_val
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=not self.path.cuda_graphs)
+            self.optimizer = self.module.configure_optimizers()["optimizer"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # self.log of the progress-bar loss without a trainer
+            self.module.optimizer_zero_grad(0, 0, self.optimizer)
+            self.forward_backward(video, mask)
+            self.module.on_before_optimizer_step(self.optimizer)
+            self.optimizer.step()
 
     def close(self) -> None:
-        configure_network(self.network)
+        self.module.guard.settle(self.module, keep_last=0, to_bar=False)
+        self.module.acceleration.release(self.network)
         self.optimizer = None
         self.network.zero_grad(set_to_none=True)
 
@@ -216,23 +228,23 @@ def relative(a: Tensor, b: Tensor) -> float:
 
 
 def check_against_eager(
-    stepper: Stepper, weights: dict[str, Tensor], vgg: VGG16Features | None, video: Tensor, mask: Tensor
+    stepper: Stepper, weights: dict[str, Tensor], vgg_file: Path | None, video: Tensor, mask: Tensor
 ) -> dict[str, float]:
     """Loss and gradients of ``stepper``'s path against the eager path (bf16 and fp32) on the same weights."""
-    network, device = stepper.network, stepper.device
     results = {}
-    for name, autocast in (("eager_fp32", False), ("eager_bf16", True)):
-        network.load_state_dict(weights)
-        eager = Stepper(network, Levers("eager"), vgg, device)
-        results[name] = (eager.forward_backward(video, mask, autocast=autocast), gradients(network))
-        eager.close()
-    network.load_state_dict(weights)
-    configure_network(
-        network, activation_checkpointing=stepper.path.checkpointing, channels_last=stepper.path.channels_last
+    eager = Stepper(
+        stepper.network.config.name, stepper.network.config.channels, Levers("eager"), vgg_file, stepper.device
     )
-    torch.backends.cudnn.benchmark = stepper.path.cudnn_benchmark
-    loss, grads = stepper.forward_backward(video, mask), gradients(network)
-    network.zero_grad(set_to_none=True)
+    for name, autocast in (("eager_fp32", False), ("eager_bf16", True)):
+        eager.network.load_state_dict(weights)
+        eager.network.zero_grad(set_to_none=True)
+        results[name] = (eager.forward_backward(video, mask, autocast=autocast), gradients(eager.network))
+    eager.close()
+    del eager
+    stepper.network.load_state_dict(weights)
+    stepper.network.zero_grad(set_to_none=True)
+    loss, grads = stepper.forward_backward(video, mask), gradients(stepper.network)
+    stepper.network.zero_grad(set_to_none=True)
     ref_loss, ref_grads = results["eager_bf16"]
     fp32_loss, fp32_grads = results["eager_fp32"]
     return {
@@ -245,10 +257,9 @@ def check_against_eager(
 
 def run_case(
     result: Result,
-    network: CausalVideoTokenizer,
     weights: dict[str, Tensor],
     path: Levers,
-    vgg: VGG16Features | None,
+    vgg_file: Path | None,
     shape: tuple[int, int, int],
     args: argparse.Namespace,
     check: bool,
@@ -257,11 +268,11 @@ def run_case(
     generator = torch.Generator().manual_seed(0)
     video = (torch.rand(result.batch, 3, *shape, generator=generator) * 2 - 1).to(device, torch.bfloat16)
     mask = torch.ones(result.batch, 1, *shape, device=device, dtype=torch.bfloat16)
-    network.load_state_dict(weights)
-    stepper = Stepper(network, path, vgg, device, args.backend)
+    stepper = Stepper(result.model, args.channels, path, vgg_file, device, args.backend)
+    stepper.network.load_state_dict(weights)
     try:
         if check:
-            result.check = check_against_eager(stepper, weights, vgg, video, mask)
+            result.check = check_against_eager(stepper, weights, vgg_file, video, mask)
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
@@ -381,8 +392,9 @@ def main() -> None:
     if peak is not None:
         print(f"bf16 matmul peak: {peak:.0f} TFLOP/s", flush=True)
     results: list[Result] = []
-    networks: dict[str, tuple[CausalVideoTokenizer, dict[str, Tensor]]] = {}
-    vgg = None
+    weights_of: dict[str, dict[str, Tensor]] = {}
+    vgg_file = None
+    scratch = tempfile.TemporaryDirectory()
     flops: dict[tuple[str, str], float] = {}
     checked: set[tuple[str, str, str]] = set()
     for model, shape_text, loss, batch, path_spec in cases(args):
@@ -392,20 +404,18 @@ def main() -> None:
             result.note = "skipped (time budget)"
             continue
         path, shape = parse_levers(path_spec), parse_shape(shape_text)
-        if model not in networks:
-            networks.clear()  # one full-size network on the GPU at a time
+        if model not in weights_of:  # the same random weights for every path of a model
             torch.manual_seed(0)
-            net = build_tokenizer(model, **({"channels": args.channels} if args.channels else {})).to(device)
-            networks[model] = (net, {k: v.clone() for k, v in net.state_dict().items()})
-        if loss == "l1+vgg" and vgg is None:
-            vgg = random_vgg(device)
+            net = build_tokenizer(model, **({"channels": args.channels} if args.channels else {}))
+            weights_of[model] = {k: v.clone() for k, v in net.state_dict().items()}
+        if loss == "l1+vgg" and vgg_file is None:
+            vgg_file = random_vgg_file(Path(scratch.name))
         if (model, shape_text) not in flops:
             flops[model, shape_text] = network_tflop_per_clip(model, shape, args.channels)
-        network, weights = networks[model]
         check = args.check and path_spec != "eager" and (model, loss, path_spec) not in checked
         if check:
             checked.add((model, loss, path_spec))
-        run_case(result, network, weights, path, vgg if loss == "l1+vgg" else None, shape, args, check)
+        run_case(result, weights_of[model], path, vgg_file if loss == "l1+vgg" else None, shape, args, check)
         result.tflop_per_clip = flops[model, shape_text]
         if result.clips_per_s is not None and peak is not None:
             result.mfu = result.clips_per_s * result.tflop_per_clip / peak

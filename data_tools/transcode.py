@@ -12,9 +12,9 @@ GOP = 16
 """Frames between keyframes. Training seeks to a random frame and must decode from the keyframe
 before it; x264's default of 250 makes every clip decode ~4x the frames it uses."""
 TUNE = "fastdecode"
-"""x264 without CABAC, deblocking or weighted prediction: on the 720p sample it decodes 1.7x
-faster per training clip for 0.1 dB less PSNR and 19% larger files at the same CRF
-(docs/benchmarks.md). Decoding is what limits the loader's clips per CPU core."""
+"""x264 without CABAC, deblocking or weighted prediction: faster to decode per training clip, for a
+little PSNR and larger files at the same CRF (docs/benchmarks.md has the figures). Decoding is what
+limits the loader's clips per CPU core."""
 
 
 def output_size(width: int, height: int, max_height: int | None) -> tuple[int, int]:

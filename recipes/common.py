@@ -10,41 +10,42 @@ from typing import Optional
 
 import nemo_run as run
 
-from tokenizer_posttrain.config import (
+from tokenizer_posttrain.losses import LossConfig
+from tokenizer_posttrain.losses.l1 import L1Config
+from tokenizer_posttrain.losses.perceptual import PerceptualConfig
+from tokenizer_posttrain.training.acceleration import GPU_SETTINGS
+from tokenizer_posttrain.training.config import (
     DataConfig,
     LogConfig,
     LoRAConfig,
-    LossConfig,
     ModelConfig,
     OptimConfig,
-    PerceptualConfig,
     ResumeConfig,
     TrainerConfig,
 )
-from tokenizer_posttrain.train import train
+from tokenizer_posttrain.training.train import train
 
 
 def model(
     name: str, jit_ckpt_pth: Optional[str] = None, channels: Optional[int] = None, fast: bool = False
 ) -> run.Config[ModelConfig]:
-    """``fast``: compiled, channels-last training step replayed as CUDA graphs (GPU recipes; on an H200,
-    2.6x eager's clips/s at batch 8, and 2.8x the compiled step without CUDA graphs at the recipes' one
-    clip per GPU)."""
+    """``fast``: the GPU settings of the acceleration module (compiled, channels-last training step replayed
+    as CUDA graphs; docs/benchmarks.md has what they measured)."""
     return run.Config(
         ModelConfig,
         model=name,
         jit_ckpt_pth=jit_ckpt_pth,
         channels=channels,
         lora=run.Config(LoRAConfig),
-        compile=fast,
-        cuda_graphs=fast,
-        channels_last=fast,
+        **{key: fast and value for key, value in GPU_SETTINGS.items()},
     )
 
 
 def loss(perceptual_weight: float = 0.1) -> run.Config[LossConfig]:
     """L1 + VGG16 perceptual loss (weight 0.1 as in the Cosmos recipe; 0 needs no VGG16 file)."""
-    return run.Config(LossConfig, perceptual_weight=perceptual_weight, perceptual=run.Config(PerceptualConfig))
+    return run.Config(
+        LossConfig, l1=run.Config(L1Config), perceptual=run.Config(PerceptualConfig, weight=perceptual_weight)
+    )
 
 
 def data(
@@ -73,7 +74,7 @@ def trainer(
     )
 
 
-def posttrain_recipe(
+def train_recipe(
     model_cfg: run.Config[ModelConfig],
     name: str,
     data_cfg: Optional[run.Config[DataConfig]] = None,

@@ -6,7 +6,8 @@ environment and start nothing. ``run.run(task, executor=...)`` launches; ``dryru
 (``executor.exclusive = True``, ``executor.qos = "high"``).
 
 Both use NeMo-Run's torchrun launcher: one torchrun per node starting ``devices`` processes, which
-``tokenizer_posttrain.train`` reads back (``LOCAL_WORLD_SIZE`` for the devices, ``SLURM_NNODES`` for the nodes).
+``tokenizer_posttrain.training.train`` reads back (``LOCAL_WORLD_SIZE`` for the devices, ``SLURM_NNODES`` for
+the nodes).
 """
 
 from __future__ import annotations

@@ -6,13 +6,13 @@ a laptop CPU and serve the README's first command and the integration tests.
 
 import nemo_run as run
 
-from tokenizer_posttrain.train import train
+from tokenizer_posttrain.training.train import train
 
-from .common import data, loss, model, posttrain_recipe, trainer
+from .common import data, loss, model, train_recipe, trainer
 
 
 def _tiny(model_name: str, name: str, log_dir: str) -> run.Partial:
-    return posttrain_recipe(
+    return train_recipe(
         model(model_name, channels=16),
         name,
         data_cfg=data(frames=17, size=64, global_batch_size=2, micro_batch_size=2, num_workers=0),

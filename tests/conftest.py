@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tokenizer_posttrain.checkpoint import load_tokenizer
 from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
+from tokenizer_posttrain.io.checkpoint import load_tokenizer
 from tokenizer_posttrain.network import CausalVideoTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, str]]:
 @pytest.fixture(scope="session")
 def exported_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Each tiny reference model exported once, in bf16 like the official release files."""
-    from tokenizer_posttrain.export import export_tokenizer
+    from tokenizer_posttrain.io.export import export_tokenizer
 
     out = {}
     for name, width in TINY.items():

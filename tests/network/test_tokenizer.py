@@ -73,7 +73,9 @@ def test_clips_in_a_batch_are_independent(tiny_network: CausalVideoTokenizer) ->
     with torch.no_grad():
         both = tiny_network(x)
         first = tiny_network(x[:1])
-    torch.testing.assert_close(both[:1], first, rtol=1e-4, atol=1e-5)
+    # oneDNN picks its convolution algorithm by batch size: on some CPUs (seen on AMD EPYC) a batch of one
+    # and of two differ by ~1e-5 in fp32. A clip leaking into its neighbour would differ by far more.
+    torch.testing.assert_close(both[:1], first, rtol=1e-4, atol=5e-5)
 
 
 def test_gradients_reach_every_parameter(tiny_network: CausalVideoTokenizer) -> None:
@@ -97,3 +99,17 @@ def test_bf16_autocast_matches_fp32_roughly(tiny_network: CausalVideoTokenizer) 
             low = tiny_network(x)
     assert low.shape == ref.shape
     assert ((low.float() - ref).norm() / ref.norm()).item() < 0.15
+
+
+def test_encoding_names_the_parts_for_either_kind(tiny_network: CausalVideoTokenizer) -> None:
+    x = video(9, 32, 32)
+    with torch.no_grad():
+        encoding, encoded = tiny_network.encoding(x), tiny_network.encode(x)
+        if tiny_network.is_discrete:
+            indices, codes = encoded  # the official call, unpacked as before
+            assert torch.equal(encoding.indices, indices) and torch.equal(encoding.latent, codes)
+            assert encoding.tokens is encoding.indices and encoding.quant_loss is not None
+        else:
+            assert torch.equal(encoding.latent, encoded) and encoding.indices is None
+            assert encoding.tokens is encoding.latent
+        assert torch.equal(tiny_network.decode(encoding.latent), tiny_network(x))

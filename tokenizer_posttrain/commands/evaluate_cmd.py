@@ -8,38 +8,34 @@ Writes OUT/results.json, OUT/report.md, PSNR and error plots, and side-by-side m
 from __future__ import annotations
 
 import argparse
-import sys
 
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
+from ..data.batch import CLIP_FRAMES, CLIP_SIZE
+from .guard import run_guarded
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the evaluation of parsed ``args``; prints the summary table and where the report is. Exit code."""
-    from ..checkpoint import CheckpointError
-    from ..evaluate import evaluate
-    from ..report import format_table
+    return run_guarded(lambda: _evaluate(args))
 
-    try:
-        results = evaluate(
-            checkpoint=args.checkpoint,
-            data=args.data,
-            out_dir=args.out,
-            baseline=args.baseline,
-            frames=args.frames,
-            size=args.size,
-            resize_short_side=args.resize_short_side,
-            max_clips=args.max_clips,
-            device=args.device,
-            dtype=args.dtype,
-            videos_per_side=args.videos_per_side,
-            vgg_weights=args.vgg_weights,
-        )
-    # EvaluationError and CheckpointError are ValueErrors whose messages say what to do: no traceback.
-    except (CheckpointError, ValueError, FileNotFoundError) as err:
-        print(f"error: {_one_line(err)}", file=sys.stderr, flush=True)
-        return 1
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from ..evaluation.evaluate import evaluate
+    from ..evaluation.report import format_table
+
+    results = evaluate(
+        checkpoint=args.checkpoint,
+        data=args.data,
+        out_dir=args.out,
+        baseline=args.baseline,
+        frames=args.frames,
+        size=args.size,
+        resize_short_side=args.resize_short_side,
+        max_clips=args.max_clips,
+        device=args.device,
+        dtype=args.dtype,
+        videos_per_side=args.videos_per_side,
+        vgg_weights=args.vgg_weights,
+    )
     print(f"{results['n_clips']} clips of {results['data']['path']} ({results['data']['source']})")
     print(format_table(results))
     if results["skipped"]:
@@ -69,10 +65,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--baseline", help="the tokenizer before post-training (e.g. the official .jit folder)")
     parser.add_argument("--out", default="./eval", help="output folder (default: ./eval)")
     parser.add_argument(
-        "--frames", type=_positive, default=17, help="frames per clip, 1 + 8k for 8x models (default: 17)"
+        "--frames",
+        type=_positive,
+        default=CLIP_FRAMES,
+        help=f"frames per clip, 1 + 8k for 8x models (default: {CLIP_FRAMES}, as training)",
     )
     parser.add_argument(
-        "--size", type=_positive, default=64, help="centre crop side, multiple of the spatial compression (64)"
+        "--size",
+        type=_positive,
+        default=CLIP_SIZE,
+        help=f"centre crop side, multiple of the spatial compression (default: {CLIP_SIZE}, as training)",
     )
     parser.add_argument(
         "--resize-short-side", type=_positive, default=None, help="resize frames to this short side before cropping"

@@ -9,49 +9,20 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError, load_tokenizer
-from ..export import export_tokenizer
-
-
-def model_card(checkpoint: Path, info: dict[str, Any], results: dict[str, Any] | None, ema: bool) -> str:
-    """The README.md written next to the exported files."""
-    hp = info.get("hyper_parameters") or {}
-    model, data = hp.get("model") or {}, hp.get("data") or {}
-    lines = [
-        f"# {info['model']} (post-trained)",
-        "",
-        "Exported by tokenizer-posttrain in the official Cosmos layout: `encoder.jit`, `decoder.jit` and "
-        "`autoencoder.jit` load with plain `torch.jit.load` and follow the official call contract; "
-        "`model.safetensors` holds the same weights.",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| base model | {model.get('model', info['model'])} from `{model.get('jit_ckpt_pth')}` |",
-        f"| trained | {model.get('trainable', 'all')}"
-        + (f", LoRA rank {model['lora']['rank']} (merged)" if (model.get("lora") or {}).get("rank") else "")
-        + " |",
-        f"| data | `{data.get('path') or 'synthetic clips'}`, clips {data.get('frames')}x{data.get('height')}x"
-        f"{data.get('width')} |",
-        f"| steps | {info.get('global_step')} |",
-        f"| weights | {'EMA average' if ema else 'last'} from `{checkpoint}` |",
-    ]
-    if results:
-        lines += ["", "## Last evaluation", "", "| metric | baseline | post-trained |", "|---|---|---|"]
-        base, new = results.get("baseline_metrics") or {}, results.get("metrics") or {}
-        for key, value in new.items():
-            if isinstance(value, (int, float)):
-                before = base.get(key)
-                lines.append(f"| {key} | {before if before is not None else '-'} | {value} |")
-    return "\n".join(lines) + "\n"
+from ..io.checkpoint import load_tokenizer
+from ..io.export import export_tokenizer
+from ..io.model_card import model_card
+from .guard import run_guarded
 
 
 def run(args: argparse.Namespace) -> int:
+    """Export the checkpoint of parsed ``args``; the exit code."""
+    return run_guarded(lambda: _export(args))
+
+
+def _export(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint)
-    try:
-        network = load_tokenizer(checkpoint, ema=args.ema)
-    except (CheckpointError, FileNotFoundError) as err:
-        print(f"error: {err}", flush=True, file=__import__("sys").stderr)
-        return 1
+    network = load_tokenizer(checkpoint, ema=args.ema)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     out = export_tokenizer(network, args.out, dtype=dtype)
     info: dict[str, Any] = {"model": network.config.full_name}

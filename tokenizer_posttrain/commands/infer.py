@@ -4,14 +4,13 @@ Video in and out goes through PyAV. ``reconstruct`` and ``decode`` write h264 wi
 input's frame rate and its exact size: yuv420p (plays everywhere) when width and height
 are even, yuv444p otherwise (4:2:0 cannot store odd sizes; 4:4:4 keeps every pixel).
 Latents are safetensors files: ``latent`` (CV) or ``indices`` (DV) with the metadata
-tensors of :func:`tokenizer_posttrain.inference.encode`, and the model name and frame rate
+tensors of :func:`tokenizer_posttrain.evaluation.inference.encode`, and the model name and frame rate
 in the file's metadata.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from fractions import Fraction
@@ -23,18 +22,18 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .. import inference
-from ..checkpoint import CheckpointError, load_tokenizer
+from ..core.errors import CommandError
+from ..core.files import atomic_path
+from ..evaluation import inference
+from ..io.checkpoint import load_tokenizer
 from ..network import CausalVideoTokenizer
-from ..registry import resolve_name
+from ..network.registry import resolve_name
+from .guard import run_guarded
 
 FORMAT = "tokenizer_posttrain.latents/1"
 """Written into the metadata of every latents file."""
 DEFAULT_FPS = Fraction(24)
-
-
-class CommandError(Exception):
-    """A failure whose message says what is wrong; printed as one line, exit code 1."""
+OOM_HINT = "pass --tile 256 (or smaller) and/or a smaller --window, or --dtype bf16"
 
 
 # -- files --------------------------------------------------------------------------------
@@ -74,29 +73,24 @@ def write_video(path: Path, frames: np.ndarray, fps: Fraction, crf: int = 18) ->
     """Write uint8 ``[T, H, W, 3]`` frames as h264 at exactly their size (see module docstring)."""
     height, width = frames.shape[1:3]
     pix_fmt = "yuv420p" if height % 2 == 0 and width % 2 == 0 else "yuv444p"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Written under a temporary name, so a failure never leaves a truncated file under the real one.
-    tmp = path.with_name(f".{path.stem}.partial{path.suffix}")
+    # Written under a temporary name (with the suffix PyAV picks the format from), so a failure never leaves
+    # a truncated file under the real one.
     try:
-        with av.open(str(tmp), mode="w") as container:
+        with atomic_path(path, keep_suffix=True) as tmp, av.open(str(tmp), mode="w") as container:
             stream = container.add_stream("libx264", rate=fps.limit_denominator(1001))
             stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
             stream.options = {"crf": str(crf)}
             for image in frames:
                 container.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")))
             container.mux(stream.encode())
-        tmp.replace(path)
     except (av.FFmpegError, ValueError) as err:
-        tmp.unlink(missing_ok=True)
         raise CommandError(f"cannot write video {path}: {err}") from err
 
 
 def save_latents(path: Path, encoded: dict[str, torch.Tensor], model: str, fps: Fraction, source: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT, "model": model, "fps": str(fps), "source": str(source)}
-    tmp = path.with_name(f".{path.name}.partial")
-    save_file({k: v.contiguous() for k, v in encoded.items()}, str(tmp), metadata=meta)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        save_file({k: v.contiguous() for k, v in encoded.items()}, str(tmp), metadata=meta)
 
 
 def load_latents(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -196,24 +190,10 @@ def _decode(args: argparse.Namespace) -> int:
 
 
 def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """``command`` with its expected failures turned into one line on stderr and exit code 1."""
+    """``command`` with the failure handling every command shares (:func:`.guard.run_guarded`)."""
 
     def run(args: argparse.Namespace) -> int:
-        try:
-            return command(args)
-        except (CommandError, CheckpointError, ValueError, OSError) as err:
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            return 1
-        except torch.OutOfMemoryError:
-            print(
-                "error: out of memory; pass --tile 256 (or smaller) and/or a smaller --window, or --dtype bf16",
-                file=sys.stderr,
-                flush=True,
-            )
-            return 1
-        except KeyboardInterrupt:
-            print("error: interrupted", file=sys.stderr, flush=True)
-            return 130
+        return run_guarded(lambda: command(args), oom_hint=OOM_HINT)
 
     return run
 

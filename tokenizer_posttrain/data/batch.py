@@ -1,4 +1,4 @@
-"""Batch keys, in one place: every data module yields a plain dict with these keys."""
+"""Batch keys, in one place: every data module yields a plain dict with these keys; and the default clip."""
 
 VIDEO = "video"
 """``[B, 3, T, H, W]`` clip in [-1, 1] (bf16 from the loaders)."""
@@ -10,3 +10,9 @@ KEYS = "keys"
 """Sample keys of the clips (energon data only)."""
 SKIPPED = "skipped"
 """``"<key>: <reason>"`` for each video the loader skipped since its previous batch (energon only)."""
+
+CLIP_FRAMES = 33
+"""Frames of the default training clip (1 + 8k, for the 8x temporal models): the one default the training
+config, the data modules, the posttrain workflow and evaluation all start from."""
+CLIP_SIZE = 256
+"""Height and width of the default training clip's crop."""

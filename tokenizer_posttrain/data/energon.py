@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import pickle
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 from megatron.energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_dataset
 
+from .layout import dataset_splits
 from .task_encoder import ClipSpec, VideoClipTaskEncoder
 
 _STATE_KEY = "energon_loader_state"
-
-
-def dataset_splits(path: str | Path) -> set[str]:
-    """Split names (``train``, ``val``, ...) an energon dataset defines; empty if unprepared."""
-    split_file = Path(path) / ".nv-meta" / "split.yaml"
-    if not split_file.is_file():
-        return set()
-    import yaml
-
-    parts = (yaml.safe_load(split_file.read_text()) or {}).get("split_parts", {})
-    return {name for name, shards in parts.items() if shards}
 
 
 class _Stream:

@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .batch import LOSS_MASK, VIDEO
+from .batch import CLIP_FRAMES, CLIP_SIZE, LOSS_MASK, VIDEO
 
 
 def synthetic_clip(frames: int, height: int, width: int, seed: int) -> torch.Tensor:
@@ -109,9 +109,9 @@ class SyntheticVideoDataModule(pl.LightningDataModule):
 
     def __init__(
         self,
-        frames: int = 33,
-        height: int = 256,
-        width: int = 256,
+        frames: int = CLIP_FRAMES,
+        height: int = CLIP_SIZE,
+        width: int = CLIP_SIZE,
         micro_batch_size: int = 1,
         num_workers: int = 2,
         num_train_samples: int = 10_000,

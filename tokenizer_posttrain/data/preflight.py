@@ -7,15 +7,12 @@ import random
 import tarfile
 from pathlib import Path
 
-import yaml
+from ..core.errors import DataError
+from .layout import SPLIT_FILE, split_parts
 
 # The video stack (PyAV, energon's helpers) is imported where it is used: runs on synthetic
-# clips, which import this module for DataError, then need none of it.
+# clips, which import this module, then need none of it.
 VIDEO_SUFFIXES = (".mp4", ".mov", ".m4v", ".mkv", ".webm", ".avi")
-
-
-class DataError(ValueError):
-    """The dataset cannot serve the requested clips; the message names files and the fix."""
 
 
 def train_shards(path: str | Path) -> list[Path]:
@@ -23,19 +20,18 @@ def train_shards(path: str | Path) -> list[Path]:
     root = Path(path)
     if not root.is_dir():
         raise DataError(f"data.path={root} does not exist or is not a folder")
-    split_file = root / ".nv-meta" / "split.yaml"
-    if not split_file.is_file():
+    parts = split_parts(root)
+    if parts is None:
         raise DataError(
             f"data.path={root} is not a prepared energon dataset (no .nv-meta/split.yaml). Make one from a folder of "
             f"videos with: python -m data_tools make-shards VIDEOS {root}"
         )
     from braceexpand import braceexpand
 
-    parts = (yaml.safe_load(split_file.read_text()) or {}).get("split_parts", {})
     # energon writes shard lists with brace ranges, e.g. "{000000..000009}.tar"
     shards = [root / name for pattern in parts.get("train", []) for name in braceexpand(pattern)]
     if not shards:
-        raise DataError(f"{split_file} lists no train shards; re-run python -m data_tools make-shards")
+        raise DataError(f"{root / SPLIT_FILE} lists no train shards; re-run python -m data_tools make-shards")
     missing = [str(s) for s in shards if not s.is_file()]
     if missing:
         raise DataError(f"{root}: train shards listed in split.yaml are missing: {', '.join(missing[:5])}")

@@ -28,7 +28,7 @@ from megatron.energon import (
 )
 from megatron.energon.av import AVDecoder
 
-from .batch import ASPECT_RATIO, KEYS, LOSS_MASK, SKIPPED, VIDEO
+from .batch import ASPECT_RATIO, CLIP_FRAMES, CLIP_SIZE, KEYS, LOSS_MASK, SKIPPED, VIDEO
 from .clip_decode import Box, ClipReader
 
 # Bucket name -> width / height. One pixel budget (crop_height x crop_width) for all.
@@ -51,9 +51,9 @@ _DECODE_ERRORS = (
 class ClipSpec:
     """The clip every sample is turned into."""
 
-    frames: int = 33
-    height: int = 256
-    width: int = 256
+    frames: int = CLIP_FRAMES
+    height: int = CLIP_SIZE
+    width: int = CLIP_SIZE
     resize_short_side: int | None = None
     """Resize frames so their short side has this length before cropping (during decode)."""
     hflip: bool = False
@@ -140,6 +140,12 @@ class VideoClipTaskEncoder(DefaultTaskEncoder[RawVideo, Clip, dict, dict]):
         self._skipped.append(f"{where}: {reason}")
         raise SkipSample(reason)
 
+    def take_skipped(self) -> list[str]:
+        """The ``"<key>: <reason>"`` skips noted in this process since the last call (which empties them):
+        each batch carries the skips before it; a reader of a finished pass takes the rest from here."""
+        skipped, self._skipped = self._skipped, []
+        return skipped
+
     def _rng(self) -> random.Random:
         # Our own generator from (worker seed, sample index): deterministic under a seed and
         # restorable on resume. (energon's restore_seeds caches the worker seed per process.)
@@ -183,7 +189,7 @@ class VideoClipTaskEncoder(DefaultTaskEncoder[RawVideo, Clip, dict, dict]):
             video = video.flip(-1)
         # One stored element: cheap to pass from worker processes; batch() stacks it to full size.
         mask = torch.ones(1, 1, 1, 1, dtype=torch.bfloat16).expand(1, spec.frames, crop_h, crop_w)
-        skipped, self._skipped = self._skipped, []
+        skipped = self.take_skipped()
         return Clip.derive_from(
             sample, video=video, loss_mask=mask, aspect_ratio=crop_w / crop_h, bucket=bucket, skipped=skipped
         )

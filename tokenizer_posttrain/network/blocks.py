@@ -207,10 +207,9 @@ def single_head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
 
     The heads are one channel-wide head (C = 512 in the real models). PyTorch's fused attention kernels
     handle at most 256 channels per head, so SDPA takes its generic kernel, whose backward pass cost more
-    than all convolutions' backward together (8 ms a call, CV8x8x8 at 33x256x256, batch 8, H200). Two
-    batched matrix products are fast here, and their score matrix is small at training sizes; past
-    :data:`MATMUL_ATTENTION_MAX_SCORES` (720p frames: 14,400 tokens) SDPA's memory-efficient kernel keeps
-    the scores out of memory.
+    than all convolutions' backward together (docs/benchmarks.md). Two batched matrix products are fast here,
+    and their score matrix is small at training sizes; past :data:`MATMUL_ATTENTION_MAX_SCORES` (720p frames:
+    14,400 tokens) SDPA's memory-efficient kernel keeps the scores out of memory.
     """
     n, length, channels = q.shape
     if n * length * length > MATMUL_ATTENTION_MAX_SCORES:

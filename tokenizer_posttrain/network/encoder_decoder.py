@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..registry import TokenizerConfig
-from .acceleration import run_segment
 from .blocks import (
     FrameGroupNorm,
     HybridDownsample,
@@ -17,6 +15,8 @@ from .blocks import (
     silu,
 )
 from .haar import Patcher3D, UnPatcher3D
+from .registry import TokenizerConfig
+from .segments import run_segment
 
 
 class _Level(nn.Module):
@@ -34,14 +34,14 @@ class _Level(nn.Module):
             self.add_module(resample_name, resample)
         self._resample_name = resample_name if resample is not None else None
         self.activation_checkpointing = False
-        self.compile_segments = False
+        self.segment_wrapper = None
 
     def forward(self, x: Tensor) -> Tensor:
         for block in self.block:
-            x = run_segment(block, x, self.activation_checkpointing, self.compile_segments)
+            x = run_segment(block, x, self.activation_checkpointing, self.segment_wrapper)
         if self._resample_name is not None:
             resample = getattr(self, self._resample_name)
-            x = run_segment(resample, x, self.activation_checkpointing, self.compile_segments)
+            x = run_segment(resample, x, self.activation_checkpointing, self.segment_wrapper)
         return x
 
 
@@ -52,14 +52,14 @@ class _Mid(nn.Module):
         self.attn_1 = attention_pair(channels)
         self.block_2 = ResnetBlock(channels, channels, dropout)
         self.activation_checkpointing = False
-        self.compile_segments = False
+        self.segment_wrapper = None
 
     def forward(self, x: Tensor) -> Tensor:
-        x = run_segment(self.block_1, x, self.activation_checkpointing, self.compile_segments)
+        x = run_segment(self.block_1, x, self.activation_checkpointing, self.segment_wrapper)
         # Attention runs at the lowest resolution, where recomputing saves little memory. Checkpointed, with
         # channels-last activations, Inductor's forward computed wrong values (torch 2.13 on CPU).
-        x = run_segment(self.attn_1, x, False, self.compile_segments)
-        return run_segment(self.block_2, x, self.activation_checkpointing, self.compile_segments)
+        x = run_segment(self.attn_1, x, False, self.segment_wrapper)
+        return run_segment(self.block_2, x, self.activation_checkpointing, self.segment_wrapper)
 
 
 class Encoder(nn.Module):
@@ -86,9 +86,9 @@ class Encoder(nn.Module):
         self.mid = _Mid(block_in, cfg.dropout)
         self.norm_out = FrameGroupNorm(block_in)
         self.conv_out = factorized_conv(block_in, cfg.z_factor * cfg.z_channels)
-        # Speed and memory switches (set with acceleration.configure_network); not part of the state.
+        # Speed and memory switches (see .segments); not part of the state.
         self.activation_checkpointing = False
-        self.compile_segments = False
+        self.segment_wrapper = None
         self.memory_format = torch.contiguous_format
 
     def _stem(self, x: Tensor) -> Tensor:
@@ -99,11 +99,11 @@ class Encoder(nn.Module):
         return self.conv_out(silu(self.norm_out(h)))
 
     def forward(self, x: Tensor) -> Tensor:
-        h = run_segment(self._stem, x, self.activation_checkpointing, self.compile_segments)
+        h = run_segment(self._stem, x, self.activation_checkpointing, self.segment_wrapper)
         for level in self.down:
             h = level(h)
         h = self.mid(h)
-        return run_segment(self._head, h, self.activation_checkpointing, self.compile_segments)
+        return run_segment(self._head, h, self.activation_checkpointing, self.segment_wrapper)
 
 
 def _to_memory_format(x: Tensor, memory_format: torch.memory_format) -> Tensor:
@@ -146,7 +146,7 @@ class Decoder(nn.Module):
         self.norm_out = FrameGroupNorm(widths[0])
         self.conv_out = factorized_conv(widths[0], cfg.out_channels * cfg.patch_size**3)
         self.activation_checkpointing = False
-        self.compile_segments = False
+        self.segment_wrapper = None
         self.memory_format = torch.contiguous_format
 
     def _stem(self, z: Tensor) -> Tensor:
@@ -157,8 +157,8 @@ class Decoder(nn.Module):
         return self.unpatcher3d(self.conv_out(silu(self.norm_out(h))))
 
     def forward(self, z: Tensor) -> Tensor:
-        h = run_segment(self._stem, z, self.activation_checkpointing, self.compile_segments)
+        h = run_segment(self._stem, z, self.activation_checkpointing, self.segment_wrapper)
         h = self.mid(h)
         for level in reversed(self.up):
             h = level(h)
-        return run_segment(self._head, h, self.activation_checkpointing, self.compile_segments)
+        return run_segment(self._head, h, self.activation_checkpointing, self.segment_wrapper)

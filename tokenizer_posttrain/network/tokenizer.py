@@ -9,13 +9,32 @@ contracts of ``encoder.jit``, ``decoder.jit`` and ``autoencoder.jit`` (doc secti
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import torch
 from torch import Tensor, nn
 
-from ..registry import TokenizerConfig, get_config
 from .blocks import pointwise_conv
 from .encoder_decoder import Decoder, Encoder
 from .fsq import FSQuantizer
+from .registry import TokenizerConfig, get_config
+
+
+class Encoding(NamedTuple):
+    """What the encoder gives, by role rather than by position, for either kind of tokenizer."""
+
+    latent: Tensor
+    """What :meth:`CausalVideoTokenizer.decode` takes: the CV latent ``[B, 16, t, h, w]``, or the DV codes
+    ``[B, 6, t, h, w]`` (FSQ levels scaled to [-1, 1])."""
+    indices: Optional[Tensor] = None
+    """DV only: token indices ``[B, t, h, w]`` (int32), what autoregressive world models read."""
+    quant_loss: Optional[Tensor] = None
+    """DV only: the all-zero quantizer loss of the official ``encoder.jit`` contract."""
+
+    @property
+    def tokens(self) -> Tensor:
+        """What downstream world models consume: the CV latent, or the DV indices."""
+        return self.latent if self.indices is None else self.indices
 
 
 class CausalVideoTokenizer(nn.Module):
@@ -62,11 +81,12 @@ class CausalVideoTokenizer(nn.Module):
             raise ValueError(f"{self.config.name}: decode expects [B, {channels}, t, h, w], got shape {tuple(z.shape)}")
 
     # -- unchecked paths (used by the layouts, which must trace without Python checks) ----
-    def _encode(self, x: Tensor) -> tuple[Tensor, ...]:
+    def _encoding(self, x: Tensor) -> Encoding:
         z = self.quant_conv(self.encoder(x))
         if self.is_discrete:
-            return self.quantizer(z)
-        return (z,)
+            indices, codes, quant_loss = self.quantizer(z)
+            return Encoding(codes, indices, quant_loss)
+        return Encoding(z)
 
     def _decode(self, latent: Tensor) -> Tensor:
         return self.decoder(self.post_quant_conv(latent))
@@ -75,11 +95,16 @@ class CausalVideoTokenizer(nn.Module):
         return self.quantizer.indices_to_codes(indices).type_as(self.post_quant_conv.conv3d.weight)
 
     # -- public API -----------------------------------------------------------------------
-    def encode(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
-        """CV: latent ``[B, 16, t, h, w]``. DV: ``(indices [B, t, h, w] int32, codes [B, 6, t, h, w])``."""
+    def encoding(self, x: Tensor) -> Encoding:
+        """The :class:`Encoding` of video ``x``: ``.latent`` for the decoder, ``.tokens`` for world models."""
         self.check_video(x)
-        out = self._encode(x)
-        return (out[0], out[1]) if self.is_discrete else out[0]
+        return self._encoding(x)
+
+    def encode(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """CV: latent ``[B, 16, t, h, w]``. DV: ``(indices [B, t, h, w] int32, codes [B, 6, t, h, w])``
+        (the official tokenizers' call; :meth:`encoding` names the parts)."""
+        out = self.encoding(x)
+        return (out.indices, out.latent) if self.is_discrete else out.latent
 
     def decode(self, latent_or_codes: Tensor) -> Tensor:
         """Latent (CV) or codes (DV) ``[B, C, t, h, w]`` -> video ``[B, 3, 1+T_c(t-1), ...]``."""
@@ -97,7 +122,7 @@ class CausalVideoTokenizer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Reconstruction of ``x`` (DV through the quantizer, with straight-through gradients)."""
         self.check_video(x)
-        return self._decode(self._encode(x)[1 if self.is_discrete else 0])
+        return self._decode(self._encoding(x).latent)
 
 
 class _InverseQuantizer(nn.Module):
@@ -123,10 +148,10 @@ class EncoderLayout(nn.Module):
         self._tokenizer = [tokenizer]  # a list, so it is not registered as a child
 
     def forward(self, x: Tensor):  # noqa: ANN201 - tuple shape differs CV/DV
-        out = self._tokenizer[0]._encode(x)
-        if len(out) == 3:
-            return out
-        return out[0], (torch.zeros(1), torch.zeros(1))
+        out = self._tokenizer[0]._encoding(x)
+        if out.indices is not None:
+            return out.indices, out.latent, out.quant_loss
+        return out.latent, (torch.zeros(1), torch.zeros(1))
 
 
 class DecoderLayout(nn.Module):
@@ -161,18 +186,16 @@ class AutoencoderLayout(nn.Module):
 
     def forward(self, x: Tensor):  # noqa: ANN201
         tok = self._tokenizer[0]
-        out = tok._encode(x)
-        if len(out) == 3:
-            indices, codes, loss = out
-            return tok._decode(codes), loss, indices
-        latent = out[0]
-        return tok._decode(latent), (torch.zeros(1), torch.zeros(1)), latent
+        out = tok._encoding(x)
+        if out.indices is not None:
+            return tok._decode(out.latent), out.quant_loss, out.indices
+        return tok._decode(out.latent), (torch.zeros(1), torch.zeros(1)), out.latent
 
 
 def build_tokenizer(name: str, **config_overrides) -> CausalVideoTokenizer:  # noqa: ANN003
     """Build a randomly initialised tokenizer by model name, e.g. ``build_tokenizer("CV8x8x8")``.
 
-    ``config_overrides`` change fields of :class:`~tokenizer_posttrain.registry.TokenizerConfig`
+    ``config_overrides`` change fields of :class:`~tokenizer_posttrain.network.registry.TokenizerConfig`
     (``channels=16`` gives the tiny test models). Build under ``torch.device("meta")`` to
     inspect shapes without allocating weights.
     """

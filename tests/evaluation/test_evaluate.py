@@ -1,0 +1,257 @@
+"""evaluate: metrics over held-out clips, results.json, report, side-by-side videos and the CLI.
+
+Real shards of real h264 files (64x96), the tiny reference CV8x8x8 and DV8x16x16 models, a perturbed copy of each
+as a "post-trained" model, and the real torchmetrics and VGG16 code paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import av
+import pytest
+import torch
+from safetensors.torch import save_file
+from torchmetrics.functional.image import peak_signal_noise_ratio
+
+from tests.conftest import reference_weights
+from tests.losses.test_perceptual import random_vgg16_state
+from tests.videos import encode_video, write_energon_dataset
+from tokenizer_posttrain.commands.evaluate_cmd import register
+from tokenizer_posttrain.data.energon import EnergonVideoDataModule
+from tokenizer_posttrain.data.task_encoder import ClipSpec
+from tokenizer_posttrain.evaluation.evaluate import evaluate
+from tokenizer_posttrain.io.checkpoint import load_tokenizer
+from tokenizer_posttrain.losses.perceptual import VGG16_FILE
+
+CV, DV = str(reference_weights("CV8x8x8")), str(reference_weights("DV8x16x16"))
+FRAMES, SIZE = 9, 64
+VAL_KEYS = ["val0", "val1", "val2"]
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def empty_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """No VGG16 file anywhere, whatever this machine's torch hub cache holds: LPIPS is null unless a test adds one."""
+    home = tmp_path_factory.mktemp("torch_home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCH_HOME", str(home))
+        patch.setattr(torch.hub, "_hub_dir", None)  # the default: get_dir() follows TORCH_HOME
+        yield home
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three usable val clips and one too short for a clip (skipped and named), two train clips."""
+    val = {key: encode_video(12, 64, 96, seed=i) for i, key in enumerate(VAL_KEYS)}
+    val["short"] = encode_video(5, 64, 96, seed=9)
+    train = {f"train{i}": encode_video(12, 64, 96, seed=10 + i) for i in range(2)}
+    return write_energon_dataset(tmp_path_factory.mktemp("shards"), train, val)
+
+
+def perturbed(src: str, out: Path) -> str:
+    """A copy of a checkpoint with 5% noise on every parameter (buffers such as the FSQ codebook kept)."""
+    net = load_tokenizer(src)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in net.parameters():
+            param += 0.05 * param.std().nan_to_num() * torch.randn(param.shape, generator=generator)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(out))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def runs(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
+    """results and output folder of: each model against itself, and a perturbed copy against the original."""
+    tmp = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, ckpt in (("cv", CV), ("dv", DV)):
+        for kind, model in (("same", ckpt), ("perturbed", perturbed(ckpt, tmp / f"{name}.safetensors"))):
+            folder = tmp / f"{name}_{kind}"
+            results = evaluate(model, str(dataset), str(folder), baseline=ckpt, frames=FRAMES, size=SIZE)
+            out[f"{name}_{kind}"] = results, folder
+    return out
+
+
+def read_results(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "results.json").read_text())
+
+
+def video_shape(path: Path) -> tuple[int, int, int]:
+    """(frames, height, width) of an mp4, read back with PyAV."""
+    with av.open(str(path)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    return len(frames), frames[0].shape[0], frames[0].shape[1]
+
+
+# -- metric helpers ---------------------------------------------------------------------------------------------
+
+
+# -- results.json ----------------------------------------------------------------------------------------------
+
+
+def test_results_against_the_same_model(runs: dict, dataset: Path) -> None:
+    results, folder = runs["cv_same"]
+    assert read_results(folder) == json.loads(json.dumps(results))  # the file is what evaluate returned
+    assert results["n_clips"] == 3 and results["per_clip"]["keys"] == VAL_KEYS
+    assert results["data"] == {"path": str(dataset), "source": "energon val split"}
+    assert results["clip"] == {"frames": FRAMES, "height": SIZE, "width": SIZE, "resize_short_side": None}
+    assert results["model"]["name"] == results["baseline"]["name"] == "CV8x8x8"
+    assert len(results["skipped"]) == 1 and "short" in results["skipped"][0]
+    model, base = results["metrics"], results["baseline_metrics"]
+    assert math.isfinite(model["psnr"]) and model["psnr"] == base["psnr"]
+    assert results["per_clip"]["model"] == results["per_clip"]["baseline"]
+    assert -1 <= model["ssim"] <= 1 and model["flicker"] >= 0
+    assert results["deltas"] == {"psnr": 0.0, "ssim": 0.0, "flicker": 0.0}
+    assert results["comparison"] == {"latent_drift": 0.0} and results["per_clip"]["latent_drift"] == [0.0] * 3
+    assert sum(results["error_histogram"]["model"]) == 3 * 3 * FRAMES * SIZE * SIZE
+    assert sum(results["per_clip"]["model"]["psnr"]) / 3 == pytest.approx(model["psnr"])
+
+
+def test_perturbed_model_drifts(runs: dict) -> None:
+    results, _ = runs["cv_perturbed"]
+    assert results["comparison"]["latent_drift"] > 0
+    assert all(d > 0 for d in results["per_clip"]["latent_drift"])
+    assert results["metrics"]["psnr"] != results["baseline_metrics"]["psnr"]
+    assert results["deltas"]["psnr"] == pytest.approx(results["metrics"]["psnr"] - results["baseline_metrics"]["psnr"])
+
+
+def test_discrete_model_codebook_and_token_flips(runs: dict) -> None:
+    same, _ = runs["dv_same"]
+    for metrics in (same["metrics"], same["baseline_metrics"]):
+        assert 0 < metrics["codebook_usage"] <= 1 and metrics["perplexity"] >= 1
+    assert same["comparison"] == {"token_flip_rate": 0.0} and "latent_drift" not in same["per_clip"]
+    flipped, _ = runs["dv_perturbed"]
+    assert 0 < flipped["comparison"]["token_flip_rate"] <= 1
+
+
+@pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
+def test_psnr_matches_torchmetrics_on_uint8_frames(runs: dict, dataset: Path) -> None:
+    results, _ = runs["cv_perturbed"]
+    spec = ClipSpec(FRAMES, SIZE, SIZE, random_crop=False)
+    batch = next(iter(EnergonVideoDataModule(str(dataset), spec, 1, 0).val_dataloader()))
+    net = load_tokenizer(results["model"]["checkpoint"]).eval()
+    with torch.no_grad():
+        recon = net(batch["video"].float())
+
+    def uint8(video: torch.Tensor) -> torch.Tensor:
+        return ((video.float().clamp(-1, 1) + 1) * 127.5).round()
+
+    expected = peak_signal_noise_ratio(uint8(recon), uint8(batch["video"]), data_range=255.0).item()
+    index = results["per_clip"]["keys"].index(batch["keys"][0])
+    assert results["per_clip"]["model"]["psnr"][index] == pytest.approx(expected, abs=1e-4)
+
+
+# -- report and videos -----------------------------------------------------------------------------------------
+
+
+def test_report_links_plots_and_three_panel_videos(runs: dict) -> None:
+    results, folder = runs["cv_perturbed"]
+    report = (folder / "report.md").read_text()
+    assert "| metric | baseline | post-trained | change |" in report and "latent drift" in report
+    links = re.findall(r"\]\(([^)]+)\)", report)
+    assert {"psnr_per_clip.png", "error_histogram.png"} <= set(links)
+    assert all((folder / link).is_file() for link in links)
+    assert (folder / "psnr_per_clip.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    videos = results["videos"]
+    assert [(v["kind"], v["rank"]) for v in videos] == [("best", 1), ("best", 2), ("worst", 1)]  # 3 clips: no repeats
+    psnr = dict(zip(results["per_clip"]["keys"], results["per_clip"]["model"]["psnr"], strict=True))
+    assert videos[0]["psnr"] == max(psnr.values()) and videos[-1]["psnr"] == min(psnr.values())
+    for video in videos:
+        assert video["path"] in links and video["panels"] == ["input", "baseline", "post-trained"]
+        assert video_shape(folder / video["path"]) == (FRAMES, SIZE, 3 * SIZE)
+
+
+def test_lpips_is_null_with_a_reason_without_vgg_weights(runs: dict) -> None:
+    results, folder = runs["cv_same"]
+    assert results["metrics"]["lpips"] is None and results["per_clip"]["model"]["lpips"] is None
+    assert VGG16_FILE in results["notes"]["lpips"] and "not computed" in results["notes"]["lpips"]
+    assert read_results(folder)["metrics"]["lpips"] is None
+
+
+def test_lpips_with_vgg_weights_in_the_hub_cache(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    (tmp_path / "torch" / "hub" / "checkpoints").mkdir(parents=True)
+    torch.save(random_vgg16_state(), tmp_path / "torch" / "hub" / "checkpoints" / VGG16_FILE)
+    results = evaluate(CV, str(dataset), str(tmp_path / "out"), frames=FRAMES, size=SIZE, max_clips=1)
+    lpips = results["metrics"]["lpips"]
+    assert isinstance(lpips, float) and math.isfinite(lpips) and lpips > 0
+    assert results["per_clip"]["model"]["lpips"] == [lpips] and "VGG16" in results["notes"]["lpips"]
+
+
+def test_train_split_when_there_is_no_val_split(tmp_path: Path) -> None:
+    data = write_energon_dataset(tmp_path / "data", {f"t{i}": encode_video(12, 64, 96, seed=i) for i in range(2)})
+    results = evaluate(DV, str(data), str(tmp_path / "out"), frames=FRAMES, size=SIZE, max_clips=1)
+    assert results["data"]["source"].startswith("energon train split") and results["per_clip"]["keys"] == ["t0"]
+
+
+# -- command line ----------------------------------------------------------------------------------------------
+
+
+def cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="tokenizer_posttrain")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["evaluate", *argv])
+    return args.func(args)
+
+
+def test_cli_writes_the_report_without_baseline(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "eval"
+    code = cli(
+        "--checkpoint",
+        CV,
+        "--data",
+        str(dataset),
+        "--out",
+        str(out),
+        "--frames",
+        "9",
+        "--size",
+        "64",
+        "--max-clips",
+        "2",
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "PSNR (dB)" in printed and f"report: {out}/report.md" in printed
+    results = read_results(out)
+    assert results["baseline"] is None and results["baseline_metrics"] is None and results["deltas"] == {}
+    assert results["n_clips"] == 2 and results["dtype"] == "fp32"
+    # Two clips, two videos per side: each clip once, input | post-trained.
+    assert [v["kind"] for v in results["videos"]] == ["best", "best"]
+    assert video_shape(out / results["videos"][0]["path"]) == (FRAMES, SIZE, 2 * SIZE)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"--checkpoint": "/no/such/checkpoint"}, "checkpoint /no/such/checkpoint does not exist"),
+        ({"--data": "/no/such/data"}, "data /no/such/data does not exist"),
+        ({"--frames": "8"}, "--frames=8 is not 1+8k frames (use 1 or 9)"),
+        ({"--size": "40", "--checkpoint": DV}, "--size=40 is not a multiple of 16"),
+        ({"--data": str(Path(__file__).parent)}, "is not an energon dataset"),
+        ({"--vgg-weights": "/no/vgg16.pth"}, "VGG16 weights /no/vgg16.pth (--vgg-weights) not found"),
+    ],
+)
+def test_cli_errors_are_one_line(
+    change: dict[str, str], message: str, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    options = {"--checkpoint": CV, "--data": str(dataset), "--out": str(tmp_path), "--frames": "9", **change}
+    code = cli(*(item for pair in options.items() for item in pair))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert message in err
+    assert not (tmp_path / "results.json").exists()

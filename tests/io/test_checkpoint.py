@@ -1,0 +1,98 @@
+"""Strict loading from every supported source, and clear errors for every bad one."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import reference_io, reference_weights
+from tokenizer_posttrain.io.checkpoint import CheckpointError, load_tokenizer
+from tokenizer_posttrain.network import build_tokenizer
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k].float(), sb[k].float()) for k in sa)
+
+
+@pytest.mark.parametrize("name", ["CV8x8x8", "DV8x16x16"])
+def test_model_is_inferred_from_the_layout(name: str) -> None:
+    net = load_tokenizer(reference_weights(name))
+    assert net.config.name == name and net.config.channels == 16
+
+
+def test_jit_folder_loads_as_fp32_master_weights(
+    exported_dirs: dict[str, Path], model_name: str, tmp_path: Path
+) -> None:
+    folder = exported_dirs[model_name]
+    whole = load_tokenizer(folder / "autoencoder.jit")
+    assert all(p.dtype == torch.float32 for p in whole.parameters())  # the files are bf16
+    # encoder.jit + decoder.jit alone are enough and give the same weights
+    halves = tmp_path / "halves"
+    halves.mkdir()
+    for f in ("encoder.jit", "decoder.jit"):
+        shutil.copy(folder / f, halves / f)
+    from_halves = load_tokenizer(halves, f"Cosmos-1.0-Tokenizer-{model_name}", channels=16)
+    assert _same_weights(whole, from_halves)
+    # and the bf16 weights still reproduce the reference closely
+    io = reference_io(model_name)
+    with torch.no_grad():
+        rec = whole(io["input"])
+    assert ((rec - io["reconstruction"]).norm() / io["reconstruction"].norm()).item() < 0.05
+
+
+def test_half_a_folder_is_an_error(exported_dirs: dict[str, Path], tmp_path: Path) -> None:
+    shutil.copy(exported_dirs["CV8x8x8"] / "encoder.jit", tmp_path / "encoder.jit")
+    with pytest.raises(CheckpointError, match="has encoder.jit but no decoder.jit"):
+        load_tokenizer(tmp_path)
+    with pytest.raises(CheckpointError, match="holds only the encoder"):
+        load_tokenizer(tmp_path / "encoder.jit")
+
+
+def test_empty_folder_says_what_it_expected(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="expected autoencoder.jit, or encoder.jit"):
+        load_tokenizer(tmp_path)
+
+
+def test_wrong_model_names_both(exported_dirs: dict[str, Path]) -> None:
+    with pytest.raises(CheckpointError) as err:
+        load_tokenizer(exported_dirs["DV8x16x16"], "Cosmos-1.0-Tokenizer-CV8x8x8", channels=16)
+    message = str(err.value)
+    assert "this is a DV8x16x16 (channels=16) checkpoint, you asked for CV8x8x8 (channels=16)" in message
+    assert "unexpected keys: decoder.up.2.upsample.conv2.conv3d.bias" in message  # names the keys
+    assert "(11 in all)" in message
+    assert "quant_conv.conv3d.weight (6, 16, 1, 1, 1) (expected (16, 16, 1, 1, 1))" in message
+
+
+def test_wrong_width_says_so() -> None:
+    with pytest.raises(CheckpointError, match=r"CV8x8x8 \(channels=16\) checkpoint, you asked for CV8x8x8"):
+        load_tokenizer(reference_weights("CV8x8x8"), "CV8x8x8")
+
+
+def test_truncated_checkpoint_is_reported(exported_dirs: dict[str, Path], tmp_path: Path) -> None:
+    data = (exported_dirs["CV8x8x8"] / "autoencoder.jit").read_bytes()
+    (tmp_path / "autoencoder.jit").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(reference_weights("CV8x8x8").read_bytes()[:5000])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_tokenizer(tmp_path / "model.safetensors")
+
+
+def test_unknown_layout_names_the_closest_model(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    state = build_tokenizer("CV8x8x8", channels=16).state_dict()
+    del state["decoder.conv_out.1.conv3d.bias"]
+    state["extra.weight"] = torch.zeros(1)
+    save_file(state, str(tmp_path / "odd.safetensors"))
+    with pytest.raises(CheckpointError) as err:
+        load_tokenizer(tmp_path / "odd.safetensors")
+    assert "Closest is CV8x8x8 (channels=16)" in str(err.value)
+    assert "decoder.conv_out.1.conv3d.bias" in str(err.value) and "extra.weight" in str(err.value)
+
+
+def test_missing_path() -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_tokenizer("/no/such/checkpoint.jit")

@@ -1,0 +1,88 @@
+"""Exported .jit files follow the official call contract and run without our package."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from tests.conftest import REFERENCE, reference_weights
+from tokenizer_posttrain.io.checkpoint import load_tokenizer
+from tokenizer_posttrain.io.export import export_tokenizer
+
+_CLEAN_PROCESS = """
+import sys, torch
+folder, inputs, out = sys.argv[1:]
+x = torch.load(inputs)
+enc = torch.jit.load(folder + "/encoder.jit")
+dec = torch.jit.load(folder + "/decoder.jit")
+auto = torch.jit.load(folder + "/autoencoder.jit")
+with torch.no_grad():
+    e = enc(x)
+    result = {"auto": auto(x), "enc": e, "dec": dec(e[0])}
+assert "tokenizer_posttrain" not in sys.modules
+torch.save(result, out)
+"""
+
+
+def test_export_runs_in_a_clean_process_with_equal_outputs(model_name: str, tmp_path: Path) -> None:
+    net = load_tokenizer(reference_weights(model_name), channels=16).eval()
+    folder = export_tokenizer(net, tmp_path / "export")
+    assert {p.name for p in folder.iterdir()} == {
+        "encoder.jit",
+        "decoder.jit",
+        "autoencoder.jit",
+        "model.safetensors",
+        "config.json",
+    }
+    # a clip of another length and size than the trace example: nothing is baked in
+    x = torch.rand(2, 3, 25, 48, 96 if net.is_discrete else 56) * 2 - 1
+    torch.save(x, tmp_path / "x.pt")
+    subprocess.run(
+        [sys.executable, "-I", "-c", _CLEAN_PROCESS, str(folder), str(tmp_path / "x.pt"), str(tmp_path / "out.pt")],
+        check=True,
+        cwd=tmp_path,
+    )
+    got = torch.load(tmp_path / "out.pt")
+    with torch.no_grad():
+        rec = net(x)
+        encoded = net.encode(x)
+    if net.is_discrete:  # DV: (indices, codes, loss) / decoder takes indices / (rec, loss, indices)
+        indices, codes = encoded
+        assert torch.equal(got["enc"][0], indices) and got["enc"][0].dtype == torch.int32
+        torch.testing.assert_close(got["enc"][1], codes)
+        assert got["enc"][2].shape == (2, 1, 1, 1, indices.shape[-1])
+        assert torch.equal(got["auto"][2], indices)
+    else:  # CV: (latent, (zeros, zeros)) / decoder takes the latent / (rec, posteriors, latent)
+        torch.testing.assert_close(got["enc"][0], encoded)
+        assert len(got["enc"][1]) == 2
+        torch.testing.assert_close(got["auto"][2], encoded)
+    torch.testing.assert_close(got["auto"][0], rec)
+    torch.testing.assert_close(got["dec"], rec)  # DV: exact codes, so decoding indices is the same
+
+
+def test_export_reloads_with_our_loader(exported_dirs: dict[str, Path], model_name: str) -> None:
+    folder = exported_dirs[model_name]
+    meta = json.loads((folder / "config.json").read_text())
+    assert meta["model"] == f"Cosmos-1.0-Tokenizer-{model_name}" and meta["tokenizer_config"]["channels"] == 16
+    from_jit = load_tokenizer(folder)
+    from_safetensors = load_tokenizer(folder / "model.safetensors")
+    for k, v in from_jit.state_dict().items():
+        assert torch.equal(v, from_safetensors.state_dict()[k]), k
+
+
+def test_exported_state_dict_keys_follow_the_official_layouts(exported_dirs: dict[str, Path]) -> None:
+    manifest = json.loads((REFERENCE / "checkpoint_layout.json").read_text())
+    for name, folder in exported_dirs.items():
+        for layout in ("encoder", "decoder", "autoencoder"):
+            keys = list(torch.jit.load(str(folder / f"{layout}.jit")).state_dict())
+            assert keys == list(manifest[name]["state_dict"][layout]), (name, layout)
+
+
+def test_bf16_export_runs_in_bf16(exported_dirs: dict[str, Path]) -> None:
+    # the reference wrapper runs the official bf16 files as they are, codes included
+    auto = torch.jit.load(str(exported_dirs["DV8x16x16"] / "autoencoder.jit"))
+    with torch.no_grad():
+        rec = auto(torch.zeros(1, 3, 9, 32, 32, dtype=torch.bfloat16))[0]
+    assert rec.dtype == torch.bfloat16 and rec.shape == (1, 3, 9, 32, 32)

@@ -1,0 +1,94 @@
+"""The loss seam: terms by name and their weighted total, schedules, lazy networks, launch-time checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.losses.test_perceptual import random_vgg16_state, videos
+from tokenizer_posttrain.losses import TERMS, LossConfig, build_loss
+from tokenizer_posttrain.losses.l1 import L1Config, masked_l1
+from tokenizer_posttrain.losses.perceptual import VGG16_FILE, PerceptualConfig, PerceptualLoss
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def weights_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("vgg") / VGG16_FILE
+    torch.save(random_vgg16_state(), path)
+    return path
+
+
+def test_every_term_is_a_config_field() -> None:
+    config = LossConfig()
+    assert list(TERMS) == ["l1", "perceptual"]
+    assert all(hasattr(config, name) for name in TERMS)
+
+
+def test_terms_and_weighted_total_equal_the_previous_formula(weights_file: Path) -> None:
+    # The formula the trainer used before the seam: l1_weight * masked_l1 + perceptual_weight * PerceptualLoss.
+    target, noise = videos(b=1, t=2)
+    recon, mask = target + 0.1 * noise, torch.ones(1, 1, 2, 16, 16)
+    loss = build_loss(LossConfig(l1=L1Config(2.0), perceptual=PerceptualConfig(0.5, weights_path=str(weights_file))))
+    terms = loss(recon, target, mask, loss.prepare(0, CPU))
+    l1, perceptual = masked_l1(recon, target, mask), PerceptualLoss(str(weights_file))(recon, target, mask)
+    assert torch.equal(terms["l1"], l1) and torch.equal(terms["perceptual"], perceptual)
+    assert torch.equal(terms["loss"], 2.0 * l1 + 0.5 * perceptual)
+    torch.testing.assert_close(terms["l1"], (recon - target).abs().mean())
+    assert set(terms) == {"l1", "perceptual", "loss"}
+
+
+def test_a_term_at_weight_zero_is_not_computed() -> None:
+    target, noise = videos(b=1, t=2)
+    loss = build_loss(LossConfig(perceptual_weight=0.0))
+    terms = loss(target + noise, target, torch.ones(1, 1, 2, 16, 16), loss.prepare(0, CPU))
+    assert set(terms) == {"l1", "loss"} and torch.equal(terms["loss"], terms["l1"])
+
+
+def test_weights_follow_the_schedule_on_optimizer_steps() -> None:
+    config = PerceptualConfig(boundaries=[10, 20], values=[0.0, 0.1, 0.5])
+    assert [config.weight_at(step) for step in (0, 10, 11, 20, 21, 10_000)] == [0.0, 0.0, 0.1, 0.1, 0.5, 0.5]
+    assert PerceptualConfig(weight=0.3).weight_at(123) == 0.3
+
+
+def test_a_scheduled_network_is_found_at_launch_and_built_when_first_needed(weights_file: Path) -> None:
+    schedule = {"boundaries": [5], "values": [0.0, 0.1], "weights_path": str(weights_file)}
+    loss = build_loss(LossConfig(perceptual=PerceptualConfig(**schedule)))
+    term = loss.terms["perceptual"]
+    assert loss.prepare(5, CPU) == {"l1": 1.0} and term.loss is None  # off: nothing read, nothing built
+    assert loss.prepare(6, CPU) == {"l1": 1.0, "perceptual": 0.1} and isinstance(term.loss, PerceptualLoss)
+    missing = {**schedule, "weights_path": str(weights_file.parent / "gone.pth")}
+    with pytest.raises(FileNotFoundError, match="gone.pth"):  # at launch, not at step 6
+        build_loss(LossConfig(perceptual=PerceptualConfig(**missing)))
+
+
+def test_shorthand_weights_set_the_terms() -> None:
+    config = LossConfig(l1_weight=0.5, perceptual_weight=0.0)
+    assert (config.l1.weight, config.perceptual.weight) == (0.5, 0.0)
+    with pytest.raises(ValueError, match="loss.perceptual has a schedule"):
+        LossConfig(perceptual_weight=0.2, perceptual=PerceptualConfig(boundaries=[3], values=[0.0, 0.1]))
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"l1": L1Config(-1.0)}, "loss.l1.weight=-1.0 must be finite and >= 0"),
+        ({"l1": L1Config(float("nan"))}, "loss.l1.weight=nan must be finite"),
+        ({"perceptual": PerceptualConfig(boundaries=[3], values=[0.1])}, "loss.perceptual.values has 1 entries"),
+        ({"perceptual": PerceptualConfig(boundaries=[3])}, "loss.perceptual.values is empty"),
+        ({"perceptual": PerceptualConfig(boundaries=[5, 2], values=[0, 1, 2])}, "must be increasing"),
+        ({"perceptual": PerceptualConfig(frame_chunk=0)}, "loss.perceptual.frame_chunk=0"),
+        ({"l1_weight": 0.0, "perceptual_weight": 0.0}, "every loss term has weight 0 at step 0"),
+        (
+            {"l1": L1Config(boundaries=[9], values=[1.0, 0.0]), "perceptual_weight": 0.0},
+            "every loss term has weight 0 at step 10",
+        ),
+    ],
+)
+def test_bad_settings_name_the_key(config: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        LossConfig(**config)

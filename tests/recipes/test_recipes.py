@@ -1,0 +1,77 @@
+"""Every recipe builds, with NeMo's defaults, and overrides reach the typed configs."""
+
+import fiddle as fdl
+import pytest
+from nemo_run.cli.cli_parser import parse_cli_args
+
+import recipes
+from tokenizer_posttrain.network.registry import resolve_name
+from tokenizer_posttrain.training.config import DataConfig, ModelConfig, TrainerConfig
+from tokenizer_posttrain.training.train import train
+
+FACTORIES = {
+    "cv8x8x8": (recipes.cv8x8x8.cv8x8x8, "CV8x8x8"),
+    "dv8x16x16": (recipes.dv8x16x16.dv8x16x16, "DV8x16x16"),
+    "tiny": (recipes.tiny.tiny, "CV8x8x8"),
+    "tiny_dv": (recipes.tiny.tiny_dv, "DV8x16x16"),
+}
+
+
+@pytest.mark.parametrize("factory", sorted(FACTORIES))
+def test_every_recipe_builds(factory: str) -> None:
+    fn, model = FACTORIES[factory]
+    built = fdl.build(fn())
+    assert built.func is train
+    assert resolve_name(built.keywords["model"].model) == model
+    assert isinstance(built.keywords["data"], DataConfig)
+
+
+def test_gpu_recipes_use_nemo_defaults() -> None:
+    kw = fdl.build(recipes.cv8x8x8.cv8x8x8()).keywords
+    data, trainer = kw["data"], kw["trainer"]
+    assert (data.global_batch_size, data.micro_batch_size, data.frames, data.height) == (8, 1, 33, 256)
+    assert trainer == TrainerConfig()  # devices auto, gpu, ddp, bf16-mixed, 10000 epochs, val every 100
+    assert (
+        trainer.precision,
+        trainer.max_epochs,
+        trainer.val_check_interval,
+        trainer.limit_val_batches,
+        trainer.log_every_n_steps,
+        trainer.checkpoint_every_n_steps,
+        trainer.checkpoint_keep,
+    ) == ("bf16-mixed", 10000, 100, 1, 1, 100, 3)
+    assert kw["resume"].resume_if_exists and kw["resume"].resume_past_end
+    # NeMo's defaults plus the compiled, channels-last step as CUDA graphs (eager on a CPU: see train()).
+    assert kw["model"] == ModelConfig(
+        model="Cosmos-1.0-Tokenizer-CV8x8x8", compile=True, cuda_graphs=True, channels_last=True
+    )
+
+
+def test_overrides_reach_the_configs() -> None:
+    task = parse_cli_args(
+        recipes.cv8x8x8.cv8x8x8(),
+        [
+            "model.model=Cosmos-0.1-Tokenizer-DV8x16x16",
+            "model.jit_ckpt_pth=/ckpt",
+            "data.path=/data",
+            "trainer.max_steps=7",
+            "trainer.devices=2",
+            "optim.lr=3e-5",
+            "data.micro_batch_size=2",
+        ],
+    )
+    kw = fdl.build(task).keywords
+    assert kw["model"].jit_ckpt_pth == "/ckpt" and resolve_name(kw["model"].model) == "DV8x16x16"
+    assert (kw["data"].path, kw["data"].micro_batch_size) == ("/data", 2)
+    assert (kw["trainer"].max_steps, kw["trainer"].devices, kw["optim"].lr) == (7, "2", 3e-5)
+
+
+def test_workflow_recipes_build() -> None:
+    from recipes.workflows import evaluate_recipe, posttrain_recipe
+    from tokenizer_posttrain.evaluation.evaluate import evaluate
+    from tokenizer_posttrain.workflow.posttrain import posttrain
+
+    built = fdl.build(evaluate_recipe("ckpt", "data", baseline="base"))
+    assert built.func is evaluate and built.keywords["baseline"] == "base"
+    built = fdl.build(posttrain_recipe("base", "videos", "out", sweep=True))
+    assert built.func is posttrain and built.keywords["sweep"] is True and built.keywords["frames"] == 33

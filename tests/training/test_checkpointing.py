@@ -1,0 +1,107 @@
+"""Runs that survive preemption and kills: exact resume after SIGKILL, checkpoints on SIGTERM/SIGUSR1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, read_metrics, run_cli
+
+ARGS = [
+    "--factory",
+    "tiny",
+    "data.frames=9",
+    "data.height=32",
+    "data.width=32",
+    "trainer.checkpoint_every_n_steps=1",
+    "trainer.val_check_interval=1000",
+    "log.export_on_end=false",
+    "optim.lr=1e-3",
+]
+
+
+def start(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train_tokenizer.py"), *ARGS, f"log.log_dir={tmp_path}", *extra],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {int(r["step"]): float(r["train/loss"]) for r in read_metrics(run_dir) if r.get("train/loss")}
+
+
+def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(tmp_path: Path) -> None:
+    whole = run_cli(*ARGS, "trainer.max_steps=10", f"log.log_dir={tmp_path / 'whole'}", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    killed_dir = tmp_path / "killed"
+    killed_dir.mkdir()
+    proc = start(killed_dir, "trainer.max_steps=10")
+    wait_for(killed_dir / "tiny_cv8x8x8" / "checkpoints" / "step=4.ckpt", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ckpts = sorted((killed_dir / "tiny_cv8x8x8" / "checkpoints").glob("*.ckpt"))
+    # every checkpoint left is complete: each was written under a temporary name, then renamed
+    done = max(torch.load(p, weights_only=True)["global_step"] for p in ckpts)
+    assert 4 <= done < 10
+    resumed = run_cli(*ARGS, "trainer.max_steps=10", f"log.log_dir={killed_dir}", cwd=killed_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming from" in resumed.stdout
+    a, b = losses(tmp_path / "whole" / "tiny_cv8x8x8"), losses(killed_dir / "tiny_cv8x8x8")
+    assert set(range(done, 10)) <= set(b)
+    for step in range(done, 10):
+        assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6), (step, a[step], b[step])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_preemption_signal_writes_a_checkpoint_and_exits_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
+    proc = start(tmp_path, "trainer.max_steps=100000", "trainer.checkpoint_every_n_steps=1000")
+    wait_for(tmp_path / "tiny_cv8x8x8" / "csv" / "version_0" / "metrics.csv", proc)
+    time.sleep(1.0)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Preempted at step" in out
+    ckpt = torch.load(tmp_path / "tiny_cv8x8x8" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert 0 < ckpt["global_step"] < 1000  # written by the signal, not by the every-1000-steps schedule
+    assert not list((tmp_path / "tiny_cv8x8x8" / "checkpoints").glob(".*.tmp"))
+
+
+def test_rng_states_travel_with_checkpoints() -> None:
+    import random
+
+    import numpy as np
+
+    from tokenizer_posttrain.training.checkpointing import RngState
+
+    callback, checkpoint = RngState(), {}
+    torch.manual_seed(3)
+    random.seed(3)
+    np.random.seed(3)
+    callback.on_save_checkpoint(None, None, checkpoint)  # type: ignore[arg-type]
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(99)
+    random.seed(99)
+    np.random.seed(99)
+    callback.on_load_checkpoint(None, None, checkpoint)  # type: ignore[arg-type]
+    got = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]

@@ -1,0 +1,102 @@
+"""TokenizerModel: strict loading, fp32 master weights under bf16 autocast, the loss it trains on, EMA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from tests.conftest import fit, reference_weights
+from tests.training.conftest import no_vgg, tiny
+from tests.training.test_step_guard import Recorder
+from tokenizer_posttrain.losses.perceptual import PerceptualConfig
+from tokenizer_posttrain.training.config import LossConfig, ModelConfig, OptimConfig
+from tokenizer_posttrain.training.module import TokenizerModel
+
+
+def test_loads_checkpoint_strictly_and_keeps_fp32() -> None:
+    model = TokenizerModel(
+        ModelConfig(model="CV8x8x8", jit_ckpt_pth=str(reference_weights("CV8x8x8")), channels=16), loss=no_vgg()
+    )
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    with pytest.raises(ValueError, match="this is a CV8x8x8"):
+        TokenizerModel(
+            ModelConfig(model="DV8x16x16", jit_ckpt_pth=str(reference_weights("CV8x8x8")), channels=16), loss=no_vgg()
+        )
+
+
+def test_random_init_warns() -> None:
+    with pytest.warns(UserWarning, match="RANDOM weights"):
+        TokenizerModel(ModelConfig(model="CV8x8x8", channels=16), loss=no_vgg())
+
+
+def test_small_lr_steps_under_bf16_mixed_change_the_fp32_weights(tmp_path) -> None:
+    model = TokenizerModel(
+        ModelConfig(model="DV8x16x16", jit_ckpt_pth=str(reference_weights("DV8x16x16")), channels=16),
+        OptimConfig(lr=1e-5),
+        no_vgg(),
+    )
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    video = torch.rand(1, 3, 9, 32, 32) * 2 - 1
+    mask = torch.ones(1, 1, 9, 32, 32)
+    with torch.no_grad():
+        loss_before = model.losses(model.network(video), video, mask)["loss"]
+    fit(model, tmp_path, steps=3)
+    after = model.state_dict()
+    assert all(v.dtype == torch.float32 for k, v in after.items() if k.endswith("conv3d.weight"))
+    changed = [k for k in before if before[k].is_floating_point() and not torch.equal(before[k], after[k])]
+    # 1e-5 updates survive in fp32 masters (they round away in bf16 weights)
+    assert len(changed) > 0.9 * sum(1 for k, v in before.items() if k.endswith(".weight"))
+    with torch.no_grad():
+        assert model.losses(model.network(video), video, mask)["loss"] != loss_before
+
+
+def test_full_loss_is_l1_plus_weighted_perceptual(vgg_file: Path) -> None:
+    loss = LossConfig(perceptual_weight=0.1, perceptual=PerceptualConfig(weights_path=str(vgg_file)))
+    module = TokenizerModel(tiny(), loss=loss)
+    assert not any(k.startswith("_perceptual") or "vgg" in k for k in module.state_dict())  # not checkpointed
+    video = torch.rand(1, 3, 9, 32, 32) * 2 - 1
+    with torch.no_grad():
+        terms = module.losses(module.network(video), video, torch.ones(1, 1, 9, 32, 32))
+    assert terms["perceptual"] > 0 and terms["l1"] > 0
+    torch.testing.assert_close(terms["loss"], terms["l1"] + 0.1 * terms["perceptual"])
+
+
+def test_missing_vgg_file_is_explained(tmp_path: Path) -> None:
+    loss = LossConfig(perceptual=PerceptualConfig(weights_path=str(tmp_path / "nope.pth")))
+    with pytest.raises(FileNotFoundError, match="loss.perceptual_weight=0"):
+        TokenizerModel(tiny(), loss=loss)
+
+
+def test_ema_weights_are_the_exponential_average(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import EMAWeightAveraging
+
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), no_vgg())
+    history: list[dict[str, torch.Tensor]] = []
+
+    class Record(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001, ANN201
+            history.append({k: v.detach().clone() for k, v in pl_module.network.named_parameters()})
+
+    fit(module, tmp_path, steps=3, callbacks=[Record(), EMAWeightAveraging(decay=0.5, use_buffers=False)])
+    expected = dict(history[0])
+    for weights in history[1:]:
+        expected = {k: 0.5 * expected[k] + 0.5 * weights[k] for k in expected}
+    final = dict(module.network.named_parameters())
+    name = "decoder.conv_out.0.conv3d.weight"
+    torch.testing.assert_close(final[name].detach(), expected[name])
+    assert not torch.equal(final[name].detach(), history[-1][name])
+
+
+def test_a_scheduled_term_joins_the_loss_at_its_boundary(tmp_path: Path, vgg_file: Path) -> None:
+    # Weight 0 up to optimizer step 1, then 0.1: steps 0 and 1 train on L1 alone (no VGG built), 2 and 3 on both.
+    perceptual = PerceptualConfig(boundaries=[1], values=[0.0, 0.1], weights_path=str(vgg_file))
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), LossConfig(perceptual=perceptual))
+    assert module.loss.terms["perceptual"].loss is None
+    recorder = Recorder()
+    fit(module, tmp_path, steps=4, logger=recorder, log_every_n_steps=1)
+    terms = {step: set(row) for step, row in recorder.rows if "train/loss" in row}
+    assert [("train/perceptual" in terms[step]) for step in range(4)] == [False, False, True, True]
+    assert module.loss.terms["perceptual"].loss is not None

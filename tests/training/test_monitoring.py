@@ -1,0 +1,52 @@
+"""What a run reports: learning rates per group, CSV curves, validation videos, wandb offline runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_metrics, run_cli
+from tests.training.conftest import no_vgg, tiny
+from tests.training.test_checkpointing import ARGS
+from tests.training.test_step_guard import fit_logged
+from tokenizer_posttrain.training.config import OptimConfig
+from tokenizer_posttrain.training.module import TokenizerModel
+from tokenizer_posttrain.training.monitoring import LearningRateLogger
+
+
+def test_learning_rates_are_logged_per_group_at_the_loss_steps(tmp_path: Path) -> None:
+    # Logged from the host's copy of the schedule (Lightning's monitor copies each rate to the GPU),
+    # once per optimizer step, under the step whose update used that rate.
+    optim = OptimConfig(lr=1e-3, warmup_steps=4, lr_groups={"decoder.": 2e-3})
+    module = TokenizerModel(tiny("CV8x8x8"), optim, no_vgg())
+    _, recorder = fit_logged(module, tmp_path, LearningRateLogger())
+    rates = [(step, row) for step, row in recorder.rows if any(k.startswith("lr-") for k in row)]
+    assert [step for step, _ in rates] == [1, 3]
+    for step, row in rates:
+        warmup = (step + 1) / 4
+        assert row == pytest.approx({"lr-AdamW/default": 1e-3 * warmup, "lr-AdamW/decoder.": 2e-3 * warmup})
+
+
+def test_logs_curves_videos_and_wandb_offline(tmp_path: Path) -> None:
+    env = {"WANDB_API_KEY": "x" * 40, "WANDB_MODE": "offline", "WANDB_PROJECT_NAME": "tp-test", "WANDB_RUN_ID": "r1"}
+    result = run_cli(
+        *ARGS,
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "optim.warmup_steps=2",
+        f"log.log_dir={tmp_path}",
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "tiny_cv8x8x8"
+    rows = read_metrics(run_dir)
+    logged = {k for r in rows for k, v in r.items() if v}
+    for key in ("train/loss", "train/l1", "train/grad_norm", "train/clips_per_sec", "val/psnr", "val/ssim", "val/loss"):
+        assert key in logged, key
+    assert any(k.startswith("lr-AdamW") for k in logged)
+    assert sorted(p.name for p in (run_dir / "val_videos").iterdir()) == ["step0000002.mp4", "step0000004.mp4"]
+    assert (run_dir / "loss_curve.png").stat().st_size > 1000
+    assert "best val/psnr" in result.stdout and "checkpoints:" in result.stdout
+    assert list((run_dir / "wandb").glob("offline-run-*"))

@@ -1,0 +1,123 @@
+"""The one-command workflow and the export command, end to end on a CPU with real footage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import reference_weights, run_cli, run_script
+from tests.videos import bigbuckbunny
+from tokenizer_posttrain.io.checkpoint import load_tokenizer
+from tokenizer_posttrain.io.export import export_tokenizer
+
+
+def cli(*args: str, cwd: Path, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return run_script("-m", "tokenizer_posttrain", *args, cwd=cwd, timeout=timeout, env=env)
+
+
+def posttrain(
+    base: Path, videos: Path, out: Path, *flags: str, env: dict[str, str] | None = None, **options: object
+) -> subprocess.CompletedProcess:
+    """``python -m tokenizer_posttrain posttrain`` on the CPU in ``out``'s parent; ``options`` become
+    ``--kebab-case value`` arguments, ``flags`` are passed as they are."""
+    args = [f for key, value in options.items() for f in (f"--{key.replace('_', '-')}", str(value))]
+    command = ["posttrain", "--base", str(base), "--videos", str(videos), "--out", str(out), "--accelerator", "cpu"]
+    return cli(*command, *args, *flags, cwd=out.parent, env=env)
+
+
+@pytest.fixture
+def base_and_videos(tmp_path: Path) -> tuple[Path, Path]:
+    """The tiny CV model exported like an official folder, and two real videos (one is held out)."""
+    base = export_tokenizer(load_tokenizer(reference_weights("CV8x8x8")), tmp_path / "base")
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    for name in ("bigbuckbunny.mp4", "bikes.mp4"):
+        shutil.copy(bigbuckbunny().parent / name, videos / name)
+    return base, videos
+
+
+def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, base_and_videos: tuple) -> None:
+    base, videos = base_and_videos
+    result = posttrain(
+        base,
+        videos,
+        tmp_path / "run",
+        steps=40,
+        lr="1e-3",
+        frames=9,
+        size=64,
+        resize_short_side=128,
+        batch_size=2,
+        num_workers=0,
+        val_fraction=0.5,
+        eval_clips=4,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["psnr_after"] > summary["psnr_before"] + 1.0, summary
+    export = tmp_path / "run" / "export"
+    assert {"encoder.jit", "decoder.jit", "autoencoder.jit", "model.safetensors", "README.md"} <= {
+        p.name for p in export.iterdir()
+    }
+    report = (tmp_path / "run" / "eval" / "report.md").read_text()
+    assert "psnr" in report.lower()
+    assert "PSNR on held-out clips" in result.stdout
+
+
+def test_export_command_writes_files_and_model_card(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    train = run_cli(
+        "--factory",
+        "tiny",
+        "trainer.max_steps=2",
+        "trainer.checkpoint_every_n_steps=1",
+        "model.ema_decay=0.9",
+        "log.export_on_end=false",
+        f"log.log_dir={run}",
+        cwd=tmp_path,
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+    # a checkpoint from during the run (at the end Lightning copies the EMA into the live weights)
+    ckpt = run / "tiny_cv8x8x8" / "checkpoints" / "step=2.ckpt"
+    for flag, out in (([], "plain"), (["--ema"], "ema")):
+        result = cli("export", "--checkpoint", str(ckpt), "--out", str(tmp_path / out), *flag, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        card = (tmp_path / out / "README.md").read_text()
+        assert "CV8x8x8" in card and "| steps | 2 |" in card
+    plain = torch.jit.load(str(tmp_path / "plain" / "autoencoder.jit")).state_dict()
+    ema = torch.jit.load(str(tmp_path / "ema" / "autoencoder.jit")).state_dict()
+    assert any(not torch.equal(plain[k], ema[k]) for k in plain)  # the EMA average differs from the last weights
+    bad = cli("export", "--checkpoint", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "x"), cwd=tmp_path)
+    assert bad.returncode == 1 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base_and_videos: tuple) -> None:
+    base, videos = base_and_videos
+    result = posttrain(
+        base,
+        videos,
+        tmp_path / "run",
+        "--sweep",
+        steps=2,
+        frames=9,
+        size=32,
+        resize_short_side=64,
+        num_workers=0,
+        val_fraction=0.5,
+        eval_clips=1,
+        sweep_steps=2,
+        sweep_lrs="1e-3",
+        max_latent_drift="0.001",
+        env={"NEMORUN_HOME": str(tmp_path / "nemo_run")},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    choice = json.loads((tmp_path / "run" / "sweep" / "choice.json").read_text())
+    # only decoder-only training leaves the latents exactly as they were
+    assert choice == {"chosen": {"lr": 1e-3, "trainable": "decoder", "lora_rank": 0}, "within_drift": True}
+    assert len(list((tmp_path / "run" / "sweep").glob("sweep_*/export/autoencoder.jit"))) == 3
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["chosen"]["trainable"] == "decoder"

@@ -1,0 +1,274 @@
+"""Evaluate a (post-trained) tokenizer on held-out clips, optionally against a baseline (before/after).
+
+Clips are deterministic (middle frames, centre crop), so model and baseline see the same pixels. Per clip: PSNR on
+uint8 frames, SSIM, a VGG16 perceptual distance (when the weights file is there), temporal flicker; for DV, codebook
+usage and perplexity; with a baseline, how far latents (CV) or tokens (DV) moved. Arguments are plain strings and
+numbers, so :func:`evaluate` can be wrapped as a NeMo-Run ``Partial``. :mod:`.report` writes the files.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..core.errors import EvaluationError
+from ..data.batch import CLIP_FRAMES, CLIP_SIZE
+from ..io.checkpoint import load_tokenizer
+from ..losses.perceptual import VGG16_FILE, VGG16_URL, PerceptualLoss, find_vgg16_weights
+from ..network import CausalVideoTokenizer
+from .media import to_frames, to_uint8
+from .metrics import clip_psnr, clip_ssim, codebook_stats, latent_drift, temporal_flicker, token_flip_rate
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+PER_CLIP = ("psnr", "ssim", "lpips", "flicker")
+LPIPS_NOTE = (
+    "VGG16 perceptual distance of the training loss (LPIPS input scaling, weighted L1 of relu1_2..relu5_3 "
+    "features); comparable between runs with the same VGG file, not the calibrated LPIPS network"
+)
+
+
+# -- clips ----------------------------------------------------------------------------------------------------
+
+
+def open_clips(
+    data: str, frames: int, height: int, width: int, resize_short_side: int | None, skipped: list[str]
+) -> tuple[str, Iterator[tuple[str, Tensor]]]:
+    """(which split, iterator of ``(key, clip [3, T, H, W] fp32 in [-1, 1])``) of an energon dataset.
+
+    The val split through the trainer's own validation loader (middle frames, centre crop); without a val split,
+    one ordered, non-repeating pass over the train split with the same crop. Videos the loader skips (too short,
+    too small, unreadable) are named in ``skipped``.
+    """
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+
+    from ..data.batch import KEYS, SKIPPED, VIDEO
+    from ..data.layout import dataset_splits
+    from ..data.task_encoder import ClipSpec, VideoClipTaskEncoder
+
+    path = Path(data).expanduser()
+    if not (path / ".nv-meta").is_dir():
+        raise EvaluationError(
+            f"{path} is not an energon dataset (no .nv-meta folder); make one from a folder of videos with "
+            f"`python -m data_tools make-shards {path} OUT --val-fraction 0.05` (or `prepare` for tar shards)"
+        )
+    splits = dataset_splits(path)
+    if not {"val", "train"} & splits:
+        raise EvaluationError(f"{path} is an energon dataset without a train or val split (see .nv-meta/split.yaml)")
+    split = "val" if "val" in splits else "train"
+    # The trainer's validation reader (middle frames, centre crop, one ordered pass, in this process); for the train
+    # split too, where the train reader would loop and shuffle.
+    encoder = VideoClipTaskEncoder(
+        ClipSpec(frames, height, width, resize_short_side=resize_short_side, random_crop=False)
+    )
+    worker = WorkerConfig.default_worker_config(num_workers=0)
+    loader = get_loader(
+        get_val_dataset(path, split_part=split, worker_config=worker, batch_size=1, task_encoder=encoder)
+    )
+    source = "energon val split" if split == "val" else "energon train split (the dataset has no val split)"
+
+    def clips() -> Iterator[tuple[str, Tensor]]:
+        with warnings.catch_warnings():
+            # energon asks for pinned memory, which warns on machines without a GPU: noise, not news.
+            warnings.filterwarnings("ignore", message=".*pin_memory.*", category=UserWarning)
+            batches = iter(loader)
+        for batch in batches:
+            skipped.extend(batch.get(SKIPPED, []))
+            for key, video in zip(batch[KEYS], batch[VIDEO], strict=True):
+                yield key, video.float()  # bf16 from the loader; exact in fp32
+        # Skips travel with the next batch; those after the last one are still waiting in the encoder.
+        skipped.extend(encoder.take_skipped())
+
+    return source, clips()
+
+
+# -- evaluation -----------------------------------------------------------------------------------------------
+
+
+class _Side:
+    """One tokenizer under evaluation and what it has accumulated over the clips."""
+
+    def __init__(self, checkpoint: str, device: str, dtype: torch.dtype) -> None:
+        self.checkpoint = checkpoint
+        self.net: CausalVideoTokenizer = load_tokenizer(checkpoint).to(device, dtype).eval()
+        self.config = self.net.config
+        self.dtype = dtype
+        self.per_clip: dict[str, list[float]] = {name: [] for name in PER_CLIP}
+        self.errors = torch.zeros(256, dtype=torch.long)  # |error| histogram in uint8 levels
+        self.codes = torch.zeros(self.config.codebook_size, dtype=torch.long) if self.config.is_discrete else None
+
+    def run(self, video: Tensor, perceptual: PerceptualLoss | None) -> tuple[Tensor, Tensor]:
+        """Reconstruct one clip ``[1, 3, T, H, W]``, record its metrics; returns (reconstruction, latent)."""
+        encoding = self.net.encoding(video.to(self.dtype))
+        # DV: indices are what downstream models consume, codes what the decoder takes.
+        latent = encoding.tokens
+        recon = self.net.decode(encoding.latent).float().clamp(-1, 1)
+        # On the uint8 frames a viewer of the decoded video gets (data range 255).
+        pred, ref = to_uint8(recon).float(), to_uint8(video).float()
+        self.per_clip["psnr"].append(clip_psnr(pred, ref, data_range=255.0).item())
+        self.per_clip["ssim"].append(clip_ssim(pred, ref, data_range=255.0).item())
+        self.per_clip["flicker"].append(temporal_flicker(recon, video).item())
+        if perceptual is not None:
+            self.per_clip["lpips"].append(perceptual(recon, video).item())
+        diff = (to_uint8(recon).short() - to_uint8(video).short()).abs()
+        self.errors += torch.bincount(diff.flatten().long(), minlength=256).cpu()
+        if self.codes is not None:
+            self.codes += torch.bincount(latent.flatten().long(), minlength=self.codes.numel()).cpu()
+        return recon, latent
+
+    def summary(self) -> tuple[dict[str, Any], dict[str, float | None]]:
+        """({"checkpoint", "name", "kind"}, metric means); lpips is None without a perceptual network."""
+        means: dict[str, float | None] = {k: (sum(v) / len(v) if v else None) for k, v in self.per_clip.items()}
+        if self.codes is not None:
+            means["codebook_usage"], means["perplexity"] = codebook_stats(self.codes)
+        info = {"checkpoint": self.checkpoint, "name": self.config.name, "kind": self.config.kind}
+        return info, means
+
+
+def _perceptual(vgg_weights: str | None, device: str, notes: dict[str, str]) -> PerceptualLoss | None:
+    if vgg_weights is not None and not Path(vgg_weights).expanduser().is_file():
+        # Asked for explicitly: a missing file is an error, not a silent null.
+        raise EvaluationError(f"VGG16 weights {vgg_weights} (--vgg-weights) not found; download {VGG16_URL}")
+    try:
+        path = find_vgg16_weights(vgg_weights)
+    except FileNotFoundError:
+        cache = Path(torch.hub.get_dir()) / "checkpoints" / VGG16_FILE
+        notes["lpips"] = f"not computed: no VGG16 weights at {cache}; put {VGG16_URL} there or pass --vgg-weights FILE"
+        return None
+    notes["lpips"] = f"{LPIPS_NOTE}; weights {path}"
+    return PerceptualLoss(str(path), frame_chunk=8).to(device)
+
+
+def _select(ranked: list[int], count: int) -> list[tuple[str, int, int]]:
+    """(best|worst, rank, clip index) of the ``count`` best and the ``count`` worst clips, none twice."""
+    best = ranked[:count]
+    worst = [i for i in reversed(ranked) if i not in best][:count]
+    return [("best", n + 1, i) for n, i in enumerate(best)] + [("worst", n + 1, i) for n, i in enumerate(worst)]
+
+
+def _compare(sides: dict[str, _Side], latent: Tensor, base: Tensor, notes: dict[str, str]) -> tuple[str | None, float]:
+    """(metric name, value) of how far the model's latent or tokens moved from the baseline's on one clip."""
+    model, reference = sides["model"].config, sides["baseline"].config
+    if model.kind != reference.kind or latent.shape != base.shape:
+        notes["comparison"] = (
+            f"model ({model.name}) and baseline ({reference.name}) latents differ in kind or shape: drift not measured"
+        )
+        return None, 0.0
+    if model.is_discrete:
+        return "token_flip_rate", token_flip_rate(latent, base).item()
+    return "latent_drift", latent_drift(latent, base).item()
+
+
+def evaluate(
+    checkpoint: str,
+    data: str,
+    out_dir: str,
+    baseline: str | None = None,
+    frames: int = CLIP_FRAMES,
+    size: int = CLIP_SIZE,
+    resize_short_side: int | None = None,
+    max_clips: int = 64,
+    device: str = "cpu",
+    dtype: str = "fp32",
+    videos_per_side: int = 2,
+    vgg_weights: str | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``checkpoint`` (and ``baseline``) on up to ``max_clips`` held-out clips of the energon dataset ``data``.
+
+    Clips are the middle ``frames`` frames and the centre ``size`` x ``size`` crop (after resizing the short side
+    to ``resize_short_side`` when given) of the val split, else of the train split. Defaults: the training
+    clip (``data.batch.CLIP_FRAMES`` x ``CLIP_SIZE`` x ``CLIP_SIZE``, as ``data.*`` defaults to), 64 clips.
+    ``dtype`` (``fp32`` or ``bf16``) is the precision the networks run in; metrics are computed in fp32.
+    ``vgg_weights`` is the VGG16 file for the perceptual distance (default: torch hub cache; missing there ->
+    ``lpips`` null with the reason).
+    Writes ``results.json``, ``report.md``, PNG plots and side-by-side mp4s of the ``videos_per_side`` best and
+    worst clips (by the model's PSNR) into ``out_dir``; returns the results dict.
+    """
+    from . import report
+
+    if isinstance(dtype, torch.dtype):  # convenience for Python callers; the CLI and NeMo-Run pass strings
+        dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    if dtype not in DTYPES:
+        raise EvaluationError(f"dtype {dtype!r} is not one of fp32, bf16")
+    if max_clips < 1 or videos_per_side < 0:
+        raise EvaluationError("max_clips must be >= 1 and videos_per_side >= 0")
+    if not Path(data).expanduser().exists():  # before loading the networks: fail in a blink
+        raise EvaluationError(f"data {data} does not exist")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise EvaluationError(f"device {device} asked for, but torch sees no CUDA GPU (use --device cpu)")
+    sides = {"model": _Side(checkpoint, device, DTYPES[dtype])}
+    if baseline is not None:
+        sides["baseline"] = _Side(baseline, device, DTYPES[dtype])
+    for which, side in sides.items():
+        problems = side.config.clip_problems(frames, size, size, names=("--frames", "--size", "--size"))
+        if problems:
+            raise EvaluationError(
+                f"{which} ({side.config.name}) cannot take {frames}x{size}x{size} clips: {'; '.join(problems)}"
+            )
+    notes: dict[str, str] = {}
+    perceptual = _perceptual(vgg_weights, device, notes)
+    skipped: list[str] = []
+    source, clips = open_clips(data, frames, size, size, resize_short_side, skipped)
+
+    keys: list[str] = []
+    comparison: dict[str, list[float]] = {}
+    psnr = sides["model"].per_clip["psnr"]
+    panels: dict[int, list[Tensor]] = {}  # uint8 [T, H, W, 3] per panel, only of clips that may be shown
+    with torch.inference_mode():
+        for key, clip in clips:
+            video = clip.unsqueeze(0).to(device)
+            outputs = {which: side.run(video, perceptual) for which, side in sides.items()}
+            if baseline is not None:
+                name, values = _compare(sides, outputs["model"][1], outputs["baseline"][1], notes)
+                if name:
+                    comparison.setdefault(name, []).append(values)
+            keys.append(key)
+            shown = [video, *([outputs["baseline"][0]] if baseline is not None else []), outputs["model"][0]]
+            panels[len(keys) - 1] = [to_frames(v[0]) for v in shown]
+            # Keep only the running best and worst: memory stays bounded by 2 x videos_per_side clips.
+            keep = {i for _, _, i in _select(sorted(panels, key=lambda i: -psnr[i]), videos_per_side)}
+            panels = {i: p for i, p in panels.items() if i in keep}
+            if len(keys) >= max_clips:
+                break
+    if not keys:
+        why = "; ".join(skipped[:5]) or "the data holds no videos"
+        raise EvaluationError(f"no usable {frames}x{size}x{size} clip in {data}: {why}")
+
+    model_info, model_means = sides["model"].summary()
+    base_info, base_means = sides["baseline"].summary() if baseline is not None else (None, None)
+    results: dict[str, Any] = {
+        "model": model_info,
+        "baseline": base_info,
+        "data": {"path": str(data), "source": source},
+        "clip": {"frames": frames, "height": size, "width": size, "resize_short_side": resize_short_side},
+        "device": device,
+        "dtype": dtype,
+        "n_clips": len(keys),
+        "skipped": skipped,
+        # Flat model means plus baseline_metrics: the layout the export command's model card reads.
+        "metrics": model_means,
+        "baseline_metrics": base_means,
+        "comparison": {name: sum(values) / len(values) for name, values in comparison.items()},
+        "deltas": {
+            k: v - base_means[k]
+            for k, v in model_means.items()
+            if base_means and v is not None and base_means.get(k) is not None
+        },
+        "per_clip": {
+            "keys": keys,
+            **{which: {k: (v or None) for k, v in side.per_clip.items()} for which, side in sides.items()},
+            **comparison,
+        },
+        "error_histogram": {which: side.errors.tolist() for which, side in sides.items()},
+        "notes": notes,
+    }
+    ranked = sorted(range(len(keys)), key=lambda i: -psnr[i])
+    labels = ["input", *(["baseline"] if baseline is not None else []), "post-trained"]
+    selection = [(kind, rank, keys[i], psnr[i], panels[i]) for kind, rank, i in _select(ranked, videos_per_side)]
+    results["videos"] = report.write_videos(Path(out_dir), selection, labels)
+    report.write_report(results, Path(out_dir))
+    return results

@@ -1,0 +1,332 @@
+"""Whole videos through a tokenizer: any length (windows in time), any size (padding, optional tiles).
+
+Videos are uint8 ``[T, H, W, 3]`` tensors; nothing here reads or writes files.
+
+**Space.** H and W are padded to multiples of the spatial compression by repeating the
+edge pixels (zeros would put a dark frame around the picture that the network then
+reconstructs into the border) and cropped back afterwards. With ``tile`` the padded frame
+is cut into ``tile`` x ``tile`` tiles overlapping by at least ``tile_overlap`` pixels, and
+the tile outputs are blended with weights that fall linearly to zero across each overlap,
+so no tile edge shows. Tiles bound the memory of large frames; the network's per-frame
+normalisation and spatial attention see one tile at a time, so tiled output is close to,
+not identical with, whole-frame output.
+
+**Time.** The network takes ``1 + k*tc`` frames (``tc`` = temporal compression) and is
+causal: the first frame of a clip is coded on its own, like an image, and each later group
+of ``tc`` frames becomes one latent frame that leans on everything before it. Windows of
+``window`` frames are run one at a time:
+
+- the first window covers frames ``[0, window)``;
+- every later window starts ``context`` frames *before* the first frame it is responsible
+  for, and its first ``context`` output frames are dropped: they only warm the causal
+  network up. Each window adds ``window - context`` new frames;
+- ``context`` is 0 or ``1 + m*tc`` (1, 9, 17, ... for the 8x models), like a clip length:
+  the re-read part is then the window's image frame plus ``m`` whole groups, so the kept
+  frames are whole groups on the same latent grid as one long pass over the video, and
+  they are coded with ``context`` frames of real past. Default: about half the window
+  (9 for window 17, 17 for 33); ``context=1`` overlaps just the image frame and costs
+  ``1/(window-1)`` more compute;
+- ``context=0`` gives back-to-back independent windows (the official Cosmos chunking):
+  every window restarts from an image frame, which shows as seams;
+- the last window is padded to the next ``1 + k*tc`` frames by repeating the video's last
+  frame, and cropped.
+
+How far each choice lands from one pass over the whole clip is measured in docs/benchmarks.md
+("Windows and tiles of whole-video inference").
+
+:func:`encode` uses the same windows with ``context=0`` by default (one latent per disjoint
+clip, which is what downstream models consume) and pads every window to ``window`` frames
+so that the latents stack. :func:`decode` of its output reproduces :func:`reconstruct`
+with the same ``window`` and ``context``: the padding frames never reach the kept frames
+of a causal network.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..network import CausalVideoTokenizer
+from .media import to_frames
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""Command-line spellings of the supported compute dtypes."""
+
+
+def default_context(network: CausalVideoTokenizer, window: int) -> int:
+    """Re-read frames for ``window``: about half of it, as a clip length (17 -> 9, 33 -> 17, 9 -> 1)."""
+    tc = network.config.temporal_compression
+    return 1 + (window - 1) // 2 // tc * tc if window > 1 else 0
+
+
+def _as_int(value: object, name: str) -> int:
+    try:
+        return operator.index(value)  # numpy and torch integer scalars too, but never a float
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _check_window(network: CausalVideoTokenizer, window: int, context: int | None, default: int | None) -> int:
+    """Validate ``window`` and ``context``; return the context to use."""
+    tc = network.config.temporal_compression
+    window, context = _as_int(window, "window"), None if context is None else _as_int(context, "context")
+    if window < 1 or (window - 1) % tc:
+        lo = 1 + max(window - 1, 0) // tc * tc
+        raise ValueError(f"window={window} is not 1+{tc}k frames for {network.config.name} (use {lo} or {lo + tc})")
+    if context is None:
+        context = default_context(network, window) if default is None else default
+    if context < 0 or (context and (context - 1) % tc) or context >= window:
+        raise ValueError(
+            f"context={context} must be 0 or 1+{tc}m frames (1, {1 + tc}, {1 + 2 * tc}, ...) and smaller than the "
+            f"window ({window}); e.g. {default_context(network, window)}"
+        )
+    return context
+
+
+def check_options(
+    network: CausalVideoTokenizer,
+    window: int = 17,
+    context: int | None = None,
+    tile: int | None = None,
+    tile_overlap: int = 32,
+    encoding: bool = False,
+) -> int:
+    """Raise a clear ``ValueError`` for options :func:`reconstruct` (``encoding=False``) or
+    :func:`encode` (``True``) would refuse; return the ``context`` they would use.
+
+    Lets a caller fail fast, before reading a long video.
+    """
+    context = _check_window(network, window, context, 0 if encoding else None)
+    _check_tile(network, tile, tile_overlap)
+    return context
+
+
+def _check_tile(network: CausalVideoTokenizer, tile: int | None, overlap: int) -> None:
+    sc = network.config.spatial_compression
+    if tile is None:
+        return
+    if tile < sc or tile % sc:
+        raise ValueError(f"tile={tile} must be a positive multiple of {sc} pixels for {network.config.name}")
+    if overlap < 0 or overlap >= tile:
+        raise ValueError(f"tile_overlap={overlap} must be at least 0 and smaller than the tile ({tile})")
+
+
+def _as_video(video: Tensor | np.ndarray) -> Tensor:
+    video = torch.as_tensor(video)
+    if video.dtype != torch.uint8 or video.dim() != 4 or video.shape[-1] != 3 or 0 in video.shape:
+        raise ValueError(
+            f"expected uint8 frames [T, H, W, 3] with T, H, W >= 1, got {video.dtype} {tuple(video.shape)}"
+        )
+    return video
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _windows(frames: int, window: int, context: int) -> list[tuple[int, int, int]]:
+    """``(start, stop, drop)`` per window: it reads frames ``[start, stop)`` and keeps ``[start + drop, stop)``."""
+    spans, begin = [], 0
+    while begin < frames:
+        start = max(begin - context, 0)
+        stop = min(start + window, frames)
+        spans.append((start, stop, begin - start))
+        begin = stop
+    return spans
+
+
+@contextmanager
+def _session(network: CausalVideoTokenizer, dtype: torch.dtype, device: str | torch.device) -> Iterator[torch.device]:
+    """Eval mode on ``device``, no autograd, bf16 autocast over fp32 weights when asked."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but no CUDA GPU is available (use cpu)")
+    was_training = network.training
+    network.to(device).eval()
+    try:
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            yield device
+    finally:
+        network.train(was_training)
+
+
+def _to_network(clip: Tensor, device: torch.device, frames: int, height: int, width: int) -> Tensor:
+    """uint8 ``[t, H, W, 3]`` -> ``[1, 3, frames, height, width]`` in [-1, 1], edge-padded."""
+    x = clip.to(device).permute(3, 0, 1, 2).unsqueeze(0).float() / 127.5 - 1
+    t, h, w = x.shape[2:]
+    return F.pad(x, (0, width - w, 0, height - h, 0, frames - t), mode="replicate")
+
+
+def _ramp(n: int, fade_lo: bool, fade_hi: bool, fade: int, device: torch.device) -> Tensor:
+    w = torch.ones(n, device=device)
+    fade = min(fade, n)
+    if fade > 0:
+        up = torch.arange(1, fade + 1, device=device) / (fade + 1)
+        if fade_lo:
+            w[:fade] = torch.minimum(w[:fade], up)
+        if fade_hi:
+            w[n - fade :] = torch.minimum(w[n - fade :], up.flip(0))
+    return w
+
+
+def _starts(size: int, tile: int, step: int) -> list[int]:
+    if size <= tile:
+        return [0]
+    return [*range(0, size - tile, step), size - tile]
+
+
+def _tiled(
+    fn: Callable[[Tensor], Tensor], x: Tensor, tile: int | None, overlap: int, align: int, scale: float
+) -> Tensor:
+    """``fn`` over overlapping spatial tiles of ``x`` ``[B, C, T, H, W]``, outputs feather-blended.
+
+    ``fn`` maps a tile to an output ``scale`` times its size; tile starts are multiples of
+    ``align`` so every tile sees the same patch grid as the whole frame.
+    """
+    height, width = x.shape[-2:]
+    if tile is None or (height <= tile and width <= tile):
+        return fn(x)
+    step = max(align, (tile - overlap) // align * align)
+    fade = round(overlap * scale)
+    out = weight = None
+    for top in _starts(height, tile, step):
+        for left in _starts(width, tile, step):
+            y = fn(x[..., top : top + tile, left : left + tile]).float()
+            h, w = y.shape[-2:]
+            oy, ox = round(top * scale), round(left * scale)
+            if out is None:
+                out = y.new_zeros(*y.shape[:-2], round(height * scale), round(width * scale))
+                weight = y.new_zeros(out.shape[-2:])
+            wy = _ramp(h, top > 0, top + tile < height, fade, y.device)
+            wx = _ramp(w, left > 0, left + tile < width, fade, y.device)
+            mask = wy[:, None] * wx[None, :]
+            out[..., oy : oy + h, ox : ox + w] += y * mask
+            weight[oy : oy + h, ox : ox + w] += mask
+    return out / weight
+
+
+def reconstruct(
+    network: CausalVideoTokenizer,
+    video: Tensor,
+    window: int = 17,
+    context: int | None = None,
+    tile: int | None = None,
+    tile_overlap: int = 32,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> Tensor:
+    """Reconstruct a uint8 video ``[T, H, W, 3]`` of any length and size; returns the same shape, on the CPU.
+
+    ``window`` frames (``1 + k*tc``) go through the network at once; each window after the
+    first re-reads ``context`` frames (0 or ``1 + m*tc``; default :func:`default_context`)
+    as causal warm-up and drops their output (module docstring). ``tile`` (pixels, a
+    multiple of the spatial compression) processes large frames in feather-blended tiles.
+    ``dtype=torch.bfloat16`` runs under autocast over the fp32 weights. The network is moved
+    to ``device`` and run in eval mode (its train/eval mode is restored afterwards).
+    """
+    video = _as_video(video)
+    context = check_options(network, window, context, tile, tile_overlap)
+    cfg = network.config
+    tc, sc = cfg.temporal_compression, cfg.spatial_compression
+    frames, height, width = video.shape[:3]
+    out = torch.empty_like(video, device="cpu")
+    with _session(network, dtype, device) as dev:
+        for start, stop, drop in _windows(frames, window, context):
+            padded = 1 + _round_up(stop - start - 1, tc)
+            x = _to_network(video[start:stop], dev, padded, _round_up(height, sc), _round_up(width, sc))
+            y = _tiled(network, x, tile, tile_overlap, sc, 1.0)
+            out[start + drop : stop] = to_frames(y[:, :, drop : stop - start, :height, :width])
+    return out
+
+
+def encode(
+    network: CausalVideoTokenizer,
+    video: Tensor,
+    window: int = 17,
+    context: int | None = None,
+    tile: int | None = None,
+    tile_overlap: int = 32,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> dict[str, Tensor]:
+    """Encode a uint8 video ``[T, H, W, 3]`` window by window; returns CPU tensors.
+
+    CV: ``{"latent": [n, C, t, h, w]}`` in ``dtype``; DV: ``{"indices": int32 [n, t, h, w]}``;
+    one row per window, every window padded to ``window`` frames. Both also hold 0-dim int64
+    ``frames``, ``height``, ``width``, ``window`` and ``context`` for :func:`decode`.
+    ``context`` defaults to 0 here: disjoint windows, and ``decode`` gives what
+    ``reconstruct(..., context=0)`` gives. With ``context > 0`` the windows overlap as in
+    :func:`reconstruct` and ``decode`` drops the warm-up frames again. With ``tile``, the
+    tiles' pre-quantization latents are blended (DV quantizes the blend).
+    """
+    video = _as_video(video)
+    context = check_options(network, window, context, tile, tile_overlap, encoding=True)
+    cfg = network.config
+    sc = cfg.spatial_compression
+    frames, height, width = video.shape[:3]
+
+    def pre_quant(x: Tensor) -> Tensor:
+        network.check_video(x)
+        return network.quant_conv(network.encoder(x))
+
+    rows = []
+    with _session(network, dtype, device) as dev:
+        for start, stop, _ in _windows(frames, window, context):
+            x = _to_network(video[start:stop], dev, window, _round_up(height, sc), _round_up(width, sc))
+            z = _tiled(pre_quant, x, tile, tile_overlap, sc, 1.0 / sc)
+            rows.append(network.quantizer(z)[0] if cfg.is_discrete else z.to(dtype))
+    stacked = torch.cat(rows).cpu()
+    meta = {"frames": frames, "height": height, "width": width, "window": window, "context": context}
+    return {"indices" if cfg.is_discrete else "latent": stacked, **{k: torch.tensor(v) for k, v in meta.items()}}
+
+
+def decode(
+    network: CausalVideoTokenizer,
+    encoded: dict[str, Tensor],
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    tile: int | None = None,
+    tile_overlap: int = 32,
+) -> Tensor:
+    """Invert :func:`encode`: uint8 video ``[frames, height, width, 3]``.
+
+    ``tile`` (pixels of the output) decodes in feather-blended spatial tiles.
+    """
+    cfg = network.config
+    key, other = ("indices", "latent") if cfg.is_discrete else ("latent", "indices")
+    if key not in encoded:
+        hint = f"; it holds {other!r}, from a {'CV' if other == 'latent' else 'DV'} model" if other in encoded else ""
+        raise ValueError(f"{cfg.name} decodes {key!r}, which the encoded data lacks{hint}")
+    try:
+        frames, height, width, window, context = (
+            int(encoded[k]) for k in ("frames", "height", "width", "window", "context")
+        )
+    except KeyError as err:
+        raise ValueError(
+            f"encoded data lacks {err.args[0]!r}: write it with tokenizer_posttrain.evaluation.inference.encode"
+        ) from err
+    context = check_options(network, window, context, tile, tile_overlap, encoding=True)
+    rows = encoded[key]
+    spans = _windows(frames, window, context)
+    if rows.shape[0] != len(spans):
+        raise ValueError(
+            f"{rows.shape[0]} encoded windows, but {frames} frames in windows of {window} need {len(spans)}"
+        )
+    sc = cfg.spatial_compression
+    tile_latent = None if tile is None else tile // sc
+    out = torch.empty(frames, height, width, 3, dtype=torch.uint8)
+    with _session(network, dtype, device) as dev:
+        for row, (start, stop, drop) in zip(rows, spans, strict=True):
+            row = row.unsqueeze(0).to(dev)
+            z = network.quantizer.indices_to_codes(row) if cfg.is_discrete else row.float()
+            y = _tiled(network.decode, z, tile_latent, tile_overlap // sc, 1, float(sc))
+            out[start + drop : stop] = to_frames(y[:, :, drop : stop - start, :height, :width])
+    return out

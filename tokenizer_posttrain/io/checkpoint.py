@@ -1,0 +1,268 @@
+"""Strict checkpoint loading: official ``.jit`` folders, our exports, Lightning checkpoints.
+
+Every load is ``strict=True``. When keys or shapes disagree, the error names them and says
+which model the file looks like, instead of training a half-random network (which is
+what a ``strict=False`` load does silently).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..core.errors import CheckpointError
+from ..network import CausalVideoTokenizer
+from ..network.registry import REGISTRY, TokenizerConfig, get_config
+
+JIT_AUTOENCODER = "autoencoder.jit"
+JIT_ENCODER = "encoder.jit"
+JIT_DECODER = "decoder.jit"
+SAFETENSORS = "model.safetensors"
+CONFIG_JSON = "config.json"
+LIGHTNING_PREFIX = "network."
+"""Prefix of the tokenizer's keys inside our Lightning checkpoints."""
+CONFIG_KEY = "tokenizer_config"
+"""Key under which Lightning checkpoints and ``config.json`` store the tokenizer config."""
+
+
+@dataclass
+class _Weights:
+    state: dict[str, Tensor]
+    source: str
+    config: TokenizerConfig | None = None
+
+
+def _normalize_key(key: str) -> str:
+    # The decoder layout holds the shared quantizer under inv_quant.
+    return key.replace("inv_quant.quantizer.", "quantizer.", 1) if key.startswith("inv_quant.") else key
+
+
+def _read_jit(path: Path) -> dict[str, Tensor]:
+    try:
+        module = torch.jit.load(str(path), map_location="cpu")
+    except Exception as err:  # noqa: BLE001 - torch raises many types for bad archives
+        raise CheckpointError(
+            f"cannot read {path}: {str(err).splitlines()[0]}. The file looks truncated or is not a "
+            "TorchScript archive; download it again (compare its size with the published one)."
+        ) from err
+    return {_normalize_key(k): v for k, v in module.state_dict().items()}
+
+
+def _read_safetensors(path: Path) -> _Weights:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read {path}: {err}. The file looks truncated or corrupt.") from err
+    config = None
+    meta = path.with_name(CONFIG_JSON)
+    if meta.is_file():
+        config = _config_from_dict(json.loads(meta.read_text()).get(CONFIG_KEY), meta)
+    return _Weights({_normalize_key(k): v for k, v in state.items()}, str(path), config)
+
+
+def _read_lightning(path: Path, ema: bool = False) -> _Weights:
+    try:
+        ckpt = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001
+        raise CheckpointError(
+            f"cannot read {path}: {str(err).splitlines()[0]}. The file looks truncated or is not a torch checkpoint."
+        ) from err
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise CheckpointError(f"{path} is not a Lightning checkpoint (no 'state_dict' entry)")
+    # Lightning's EMA callback stores the average as state_dict and the live weights beside it.
+    if "current_model_state" in ckpt:
+        source = ckpt["state_dict"] if ema else ckpt["current_model_state"]
+    elif ema:
+        raise CheckpointError(f"{path} holds no EMA weights: the run was trained without model.ema_decay")
+    else:
+        source = ckpt["state_dict"]
+    state = {k[len(LIGHTNING_PREFIX) :]: v for k, v in source.items() if k.startswith(LIGHTNING_PREFIX)}
+    if not state:
+        raise CheckpointError(
+            f"{path} holds no tokenizer weights (no keys starting with "
+            f"{LIGHTNING_PREFIX!r}); was it written by tokenizer-posttrain?"
+        )
+    lora = ((ckpt.get("hyper_parameters") or {}).get("model") or {}).get("lora") or {}
+    if any(".lora_" in k for k in state):
+        _fold_lora(state, lora["alpha"] / lora["rank"])
+    return _Weights(state, str(path), _config_from_dict(ckpt.get(CONFIG_KEY), path))
+
+
+def _fold_lora(state: dict[str, Tensor], scale: float) -> None:
+    """Fold LoRA adapters of a training checkpoint into their conv weights (up is 1x1x1)."""
+    for key in [k for k in state if k.endswith(".lora_down.weight")]:
+        base = key[: -len(".lora_down.weight")]
+        down, up = state.pop(key).float(), state.pop(f"{base}.lora_up.weight").float()
+        weight = state[f"{base}.weight"]
+        delta = torch.einsum("or,r...->o...", up.flatten(1), down)
+        state[f"{base}.weight"] = (weight.float() + scale * delta).to(weight.dtype)
+
+
+def _config_from_dict(data: dict[str, Any] | None, where: Path) -> TokenizerConfig | None:
+    if data is None:
+        return None
+    try:
+        return TokenizerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{where}: invalid tokenizer config {data}: {err}") from err
+
+
+def read_weights(path: str | Path, ema: bool = False) -> _Weights:
+    """Read tokenizer weights, normalised to autoencoder-layout keys, from a file or folder.
+
+    ``ema`` picks the EMA average of a Lightning checkpoint (an error for other sources)."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        found = {n for n in (JIT_AUTOENCODER, JIT_ENCODER, JIT_DECODER, SAFETENSORS) if (path / n).is_file()}
+        if JIT_AUTOENCODER in found:
+            return _Weights(_read_jit(path / JIT_AUTOENCODER), str(path / JIT_AUTOENCODER))
+        if {JIT_ENCODER, JIT_DECODER} <= found:
+            enc, dec = _read_jit(path / JIT_ENCODER), _read_jit(path / JIT_DECODER)
+            return _Weights({**dec, **enc}, f"{path / JIT_ENCODER} + {path / JIT_DECODER}")
+        if SAFETENSORS in found:
+            return _read_safetensors(path / SAFETENSORS)
+        if found:
+            (have,) = found
+            need = JIT_DECODER if have == JIT_ENCODER else JIT_ENCODER
+            raise CheckpointError(
+                f"{path} has {have} but no {need}: both halves are needed to train the whole "
+                f"tokenizer (or an {JIT_AUTOENCODER}). Copy the missing file into {path}."
+            )
+        raise CheckpointError(
+            f"{path} holds no tokenizer checkpoint: expected {JIT_AUTOENCODER}, or {JIT_ENCODER} + "
+            f"{JIT_DECODER}, or {SAFETENSORS} (as in the Hugging Face model folders)."
+        )
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        return _read_safetensors(path)
+    if suffix == ".ckpt":
+        return _read_lightning(path, ema)
+    if ema:
+        raise CheckpointError(f"{path}: EMA weights exist only in training checkpoints (.ckpt)")
+    state = _read_jit(path)
+    has_enc = any(k.startswith("encoder.") for k in state)
+    has_dec = any(k.startswith("decoder.") for k in state)
+    if has_enc != has_dec:
+        half, other = ("encoder", JIT_DECODER) if has_enc else ("decoder", JIT_ENCODER)
+        raise CheckpointError(f"{path} holds only the {half}; pass the folder that also has {other}")
+    return _Weights(state, str(path))
+
+
+# -- identifying which model a state_dict belongs to ---------------------------------------
+
+
+def expected_shapes(config: TokenizerConfig) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of the autoencoder layout of ``config`` (built on the meta device)."""
+    with torch.device("meta"):
+        net = CausalVideoTokenizer(config)
+    return {k: tuple(v.shape) for k, v in net.state_dict().items()}
+
+
+@dataclass
+class LayoutDiff:
+    missing: list[str]
+    unexpected: list[str]
+    wrong_shape: list[str]
+
+    @property
+    def size(self) -> int:
+        return len(self.missing) + len(self.unexpected) + len(self.wrong_shape)
+
+    def describe(self, limit: int = 5) -> str:
+        parts = []
+        for label, items in (
+            ("missing keys", self.missing),
+            ("unexpected keys", self.unexpected),
+            ("wrong shapes", self.wrong_shape),
+        ):
+            if items:
+                shown = ", ".join(items[:limit]) + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+                parts.append(f"{label}: {shown}")
+        return "; ".join(parts)
+
+
+def diff_layout(state: dict[str, Tensor], expected: dict[str, tuple[int, ...]]) -> LayoutDiff:
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    return LayoutDiff(
+        missing=sorted(set(expected) - set(got)),
+        unexpected=sorted(set(got) - set(expected)),
+        wrong_shape=[f"{k} {got[k]} (expected {expected[k]})" for k in expected if k in got and got[k] != expected[k]],
+    )
+
+
+def _inferred_width(state: dict[str, Tensor], config: TokenizerConfig) -> int | None:
+    if "encoder.conv_in.0.conv3d.weight" in state:
+        return int(state["encoder.conv_in.0.conv3d.weight"].shape[0])
+    if "decoder.norm_out.norm.weight" in state:
+        return int(state["decoder.norm_out.norm.weight"].shape[0]) // config.channels_mult[0]
+    return None
+
+
+def identify(state: dict[str, Tensor]) -> list[tuple[TokenizerConfig, LayoutDiff]]:
+    """Every registered model (at the width found in ``state``), closest layout first."""
+    results = []
+    for base in REGISTRY.values():
+        width = _inferred_width(state, base)
+        try:
+            cfg = base.replace(channels=width) if width and width != base.channels else base
+        except ValueError:
+            continue
+        results.append((cfg, diff_layout(state, expected_shapes(cfg))))
+    return sorted(results, key=lambda item: item[1].size)
+
+
+def _describe(cfg: TokenizerConfig) -> str:
+    base = REGISTRY[cfg.name]
+    return cfg.name + (f" (channels={cfg.channels})" if cfg.channels != base.channels else "")
+
+
+def resolve_config(weights: _Weights, name: str | None, overrides: dict[str, Any]) -> TokenizerConfig:
+    """The config to build for ``weights``: asked for by name, stored with them, or inferred."""
+    ranked = identify(weights.state)
+    best_cfg, best_diff = ranked[0]
+    looks_like = _describe(best_cfg) if best_diff.size == 0 else None
+    if name is None:
+        if weights.config is not None:
+            config = weights.config.replace(**overrides) if overrides else weights.config
+        elif looks_like is None:
+            raise CheckpointError(
+                f"{weights.source} does not match any known Cosmos tokenizer layout. Closest is "
+                f"{_describe(best_cfg)}: {best_diff.describe()}"
+            )
+        else:
+            config = best_cfg.replace(**overrides) if overrides else best_cfg
+    else:
+        config = get_config(name, **overrides)
+    diff = diff_layout(weights.state, expected_shapes(config))
+    if diff.size:
+        hint = f"this is a {looks_like} checkpoint, you asked for {_describe(config)}. " if looks_like else ""
+        raise CheckpointError(f"{weights.source}: {hint}The weights do not fit {_describe(config)}: {diff.describe()}")
+    return config
+
+
+def load_tokenizer(
+    path: str | Path, name: str | None = None, ema: bool = False, **config_overrides: Any
+) -> CausalVideoTokenizer:
+    """Build a tokenizer and load its weights strictly from ``path``.
+
+    ``path`` is a Hugging Face style folder (``autoencoder.jit``, or ``encoder.jit`` +
+    ``decoder.jit``, or our ``model.safetensors`` + ``config.json``), or a ``.jit``,
+    ``.safetensors`` or Lightning ``.ckpt`` file. With ``name=None`` the model is inferred
+    from the checkpoint. Weights are fp32 whatever the file's dtype (fp32 master weights).
+    ``ema=True`` loads the EMA average kept by a run trained with ``model.ema_decay``.
+    """
+    weights = read_weights(path, ema)
+    config = resolve_config(weights, name, config_overrides)
+    network = CausalVideoTokenizer(config)
+    network.load_state_dict(weights.state, strict=True)
+    return network

@@ -1,0 +1,76 @@
+"""Export a tokenizer to the official file set: three TorchScript files, safetensors, config.
+
+``encoder.jit``, ``decoder.jit`` and ``autoencoder.jit`` hold the official key layouts and
+call contracts (architecture doc, section 8), so post-trained weights drop into existing
+Cosmos inference and diffusion pipelines; they load with plain ``torch.jit.load`` and need
+nothing from this package.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from ..core.files import atomic_path
+from ..network import AutoencoderLayout, CausalVideoTokenizer, DecoderLayout, EncoderLayout
+from ..network.lora import merge_lora
+from .checkpoint import CONFIG_JSON, CONFIG_KEY, JIT_AUTOENCODER, JIT_DECODER, JIT_ENCODER, SAFETENSORS
+
+
+def _atomic_write(path: Path, write: Callable[[str], object]) -> None:
+    # A kill during export must never leave a half-written file under the final name.
+    with atomic_path(path) as tmp:
+        write(str(tmp))
+
+
+def _trace(module: nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit's deprecation notices
+        return torch.jit.trace(module, example, check_trace=False)
+
+
+def export_tokenizer(
+    network: CausalVideoTokenizer,
+    out_dir: str | Path,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """Write ``encoder.jit``, ``decoder.jit``, ``autoencoder.jit``, ``model.safetensors`` and
+    ``config.json`` for ``network`` into ``out_dir``; returns ``out_dir``.
+
+    The network is copied to the CPU in eval mode, LoRA adapters merged, cast to ``dtype`` and traced (the
+    official files are bf16; fp32, the default, keeps every bit of the trained weights).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    net = copy.deepcopy(network).to("cpu", dtype).eval()
+    merge_lora(net)  # adapters fold into the weights: the files need nothing extra
+    cfg = net.config
+    frames = 1 + cfg.temporal_compression
+    size = 2 * cfg.spatial_compression
+    video = torch.zeros(1, cfg.in_channels, frames, size, size, dtype=dtype)
+    with torch.no_grad():
+        latent_example = net.encoding(video).tokens  # DV: indices, which is what decoder.jit takes
+
+    with torch.no_grad():
+        for name, layout, example in (
+            (JIT_ENCODER, EncoderLayout(net), video),
+            (JIT_DECODER, DecoderLayout(net), latent_example),
+            (JIT_AUTOENCODER, AutoencoderLayout(net), video),
+        ):
+            traced = _trace(layout, example)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _atomic_write(out / name, traced.save)
+
+    state = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
+    _atomic_write(out / SAFETENSORS, lambda p: save_file(state, p, metadata={"model": cfg.full_name}))
+    meta = {"model": cfg.full_name, "dtype": str(dtype).removeprefix("torch."), CONFIG_KEY: cfg.to_dict()}
+    _atomic_write(out / CONFIG_JSON, lambda p: Path(p).write_text(json.dumps(meta, indent=2) + "\n"))
+    return out

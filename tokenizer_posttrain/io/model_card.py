@@ -1,0 +1,38 @@
+"""The README.md written beside exported files: what the model is, what it was trained on, how it scores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def model_card(checkpoint: Path, info: dict[str, Any], results: dict[str, Any] | None, ema: bool) -> str:
+    """The README.md written next to the exported files."""
+    hp = info.get("hyper_parameters") or {}
+    model, data = hp.get("model") or {}, hp.get("data") or {}
+    lines = [
+        f"# {info['model']} (post-trained)",
+        "",
+        "Exported by tokenizer-posttrain in the official Cosmos layout: `encoder.jit`, `decoder.jit` and "
+        "`autoencoder.jit` load with plain `torch.jit.load` and follow the official call contract; "
+        "`model.safetensors` holds the same weights.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| base model | {model.get('model', info['model'])} from `{model.get('jit_ckpt_pth')}` |",
+        f"| trained | {model.get('trainable', 'all')}"
+        + (f", LoRA rank {model['lora']['rank']} (merged)" if (model.get("lora") or {}).get("rank") else "")
+        + " |",
+        f"| data | `{data.get('path') or 'synthetic clips'}`, clips {data.get('frames')}x{data.get('height')}x"
+        f"{data.get('width')} |",
+        f"| steps | {info.get('global_step')} |",
+        f"| weights | {'EMA average' if ema else 'last'} from `{checkpoint}` |",
+    ]
+    if results:
+        lines += ["", "## Last evaluation", "", "| metric | baseline | post-trained |", "|---|---|---|"]
+        base, new = results.get("baseline_metrics") or {}, results.get("metrics") or {}
+        for key, value in new.items():
+            if isinstance(value, (int, float)):
+                before = base.get(key)
+                lines.append(f"| {key} | {before if before is not None else '-'} | {value} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,33 @@
+"""The L1 reconstruction term."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from .terms import LossTerm, TermConfig
+
+
+@dataclass
+class L1Config(TermConfig):
+    """Mean absolute pixel error over the masked pixels."""
+
+    weight: float = 1.0
+
+
+def masked_l1(reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+    """Mean absolute error over the pixels where ``mask`` is 1 (computed in fp32)."""
+    mask = mask.float().expand_as(target)
+    return ((reconstruction.float() - target.float()).abs() * mask).sum() / mask.sum().clamp_min(1)
+
+
+class L1Loss(LossTerm):
+    """:func:`masked_l1` as a loss term."""
+
+    def __init__(self, config: L1Config) -> None:
+        super().__init__()
+        self.config = config
+
+    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+        return masked_l1(reconstruction, target, mask)

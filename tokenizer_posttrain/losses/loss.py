@@ -1,0 +1,115 @@
+"""The seam of the objective: one config with a sub-config per term, and the module built from it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .l1 import L1Config, L1Loss
+from .perceptual import PerceptualConfig, PerceptualTerm
+from .terms import LossTerm, TermConfig
+
+TERMS: dict[str, type[LossTerm]] = {
+    "l1": L1Loss,
+    "perceptual": PerceptualTerm,
+}
+"""Term name (also its ``LossConfig`` field and its ``train/<name>`` metric) -> class, in the order the
+total sums them."""
+
+
+@dataclass
+class LossConfig:
+    """The training objective: a weighted sum of terms, each with a weight schedule (``loss.<term>.*``)."""
+
+    l1: L1Config = field(default_factory=L1Config)
+    """L1 reconstruction (weight 1)."""
+    perceptual: PerceptualConfig = field(default_factory=PerceptualConfig)
+    """VGG16 perceptual term (weight 0.1); weight 0 needs no VGG16 file."""
+    l1_weight: Optional[float] = None
+    """Shorthand for loss.l1.weight (kept from earlier releases)."""
+    perceptual_weight: Optional[float] = None
+    """Shorthand for loss.perceptual.weight (kept from earlier releases)."""
+
+    def __post_init__(self) -> None:
+        for alias, term in (("l1_weight", "l1"), ("perceptual_weight", "perceptual")):
+            value = getattr(self, alias)
+            if value is not None:
+                config = getattr(self, term)
+                if config.values:
+                    raise ValueError(f"invalid loss.{alias}={value!r}: loss.{term} has a schedule (values); drop one")
+                setattr(self, term, dataclasses.replace(config, weight=value))
+        problems = [p for name in TERMS for p in self.term(name).problems(f"loss.{name}")]
+        if not problems:
+            off = [step for step in self.schedule_starts() if not self.weights_at(step)]
+            if off:
+                problems.append(f"every loss term has weight 0 at step {off[0]}; give some term a positive weight")
+        if problems:
+            raise ValueError("invalid loss settings: " + "; ".join(problems))
+
+    def term(self, name: str) -> TermConfig:
+        """The sub-config of term ``name``."""
+        return getattr(self, name)
+
+    def schedule_starts(self) -> list[int]:
+        """The first step of every interval in which no term's weight changes."""
+        return sorted({0, *(b + 1 for name in TERMS for b in self.term(name).boundaries)})
+
+    def weights_at(self, step: int) -> dict[str, float]:
+        """Name -> weight of the terms with a non-zero weight at optimizer step ``step``, in summing order."""
+        weights = {name: self.term(name).weight_at(step) for name in TERMS}
+        return {name: w for name, w in weights.items() if w != 0}
+
+    def to_dict(self) -> dict:
+        """The settings as plain data (for checkpoints' hyperparameters)."""
+        return dataclasses.asdict(self)
+
+
+class Loss(nn.Module):
+    """Every term of a :class:`LossConfig` that is ever on; ``forward`` returns the active terms by name
+    and their weighted total under ``"loss"``, all fp32 scalars.
+
+    Pure tensor code between :meth:`prepare` calls (no device moves, no file reads), so it compiles
+    together with the network. A term whose weight is 0 at a step is not computed at that step.
+    """
+
+    def __init__(self, config: LossConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.terms = nn.ModuleDict(
+            {name: cls(config.term(name)) for name, cls in TERMS.items() if config.term(name).ever_on}
+        )
+
+    def prepare(self, step: int, device: torch.device) -> dict[str, float]:
+        """Build and move to ``device`` the terms active at optimizer step ``step``; their weights."""
+        weights = self.config.weights_at(step)
+        for name in weights:
+            self.terms[name].prepare(device)
+        return weights
+
+    def forward(
+        self, reconstruction: Tensor, target: Tensor, mask: Tensor, weights: dict[str, float]
+    ) -> dict[str, Tensor]:
+        """``{term: value, ..., "loss": sum of weight x value}`` over the terms of ``weights``
+        (from :meth:`prepare`)."""
+        terms: dict[str, Tensor] = {}
+        total: Tensor | None = None
+        for name, weight in weights.items():
+            terms[name] = value = self.terms[name](reconstruction, target, mask)
+            total = weight * value if total is None else total + weight * value
+        if total is None:
+            raise ValueError("no loss term is active at this step")
+        terms["loss"] = total
+        return terms
+
+
+def build_loss(config: LossConfig) -> Loss:
+    """The loss module of ``config``; every term that will ever be on checks its files now (a missing VGG16
+    file fails here, at launch, saying where to put it), and builds its networks when first needed."""
+    loss = Loss(config)
+    for term in loss.terms.values():
+        term.check()
+    return loss

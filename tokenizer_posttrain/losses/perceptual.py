@@ -1,0 +1,259 @@
+"""Perceptual loss of the Cosmos tokenizer post-training recipe: L1 between VGG16 features of frames.
+
+The VGG16 trunk is rebuilt here with torchvision's parameter names, so the ImageNet weights torchvision caches
+(``vgg16-397923af.pth``) load without torchvision being installed. Nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from .terms import LossTerm, TermConfig
+
+VGG16_FILE = "vgg16-397923af.pth"
+VGG16_URL = f"https://download.pytorch.org/models/{VGG16_FILE}"
+# VGG16 configuration D up to conv5_3; the final max-pool has no weights and no tapped activation after it.
+_VGG16_CONFIG = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512)
+TAPS = (3, 8, 15, 22, 29)
+"""Indices in ``features`` of relu1_2, relu2_2, relu3_3, relu4_3 and relu5_3."""
+DEFAULT_LAYER_WEIGHTS = (1 / 2.6, 1 / 4.8, 1 / 3.7, 1 / 5.6, 10 / 1.5)
+LPIPS_SHIFT = (-0.030, -0.088, -0.188)
+LPIPS_SCALE = (0.458, 0.448, 0.450)
+_HINT = (
+    f"or set loss.perceptual.weights_path=/path/to/{VGG16_FILE} to read it from another place, "
+    "or set loss.perceptual.weight=0 (or loss.perceptual_weight=0) to turn the perceptual term off"
+)
+
+
+class VGG16Features(nn.Module):
+    """Convolutional trunk of VGG16 up to relu5_3, with torchvision's ``features.N`` parameter names.
+
+    It is a fixed feature extractor: it always stays in eval mode, whatever ``train()`` is asked.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = 3
+        for width in _VGG16_CONFIG:
+            if width == "M":
+                layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
+            else:
+                layers += [nn.Conv2d(channels, width, kernel_size=3, padding=1), nn.ReLU()]
+                channels = width
+        self.features = nn.Sequential(*layers)
+        self.train(False)
+
+    def train(self, mode: bool = True) -> VGG16Features:
+        # A frozen loss network: Lightning's model.train() must not flip it back to training mode.
+        return super().train(False)
+
+    def forward(self, x: Tensor, channels_multiple: int = 1) -> list[Tensor]:
+        """Activations after relu1_2, relu2_2, relu3_3, relu4_3 and relu5_3 of images ``x`` ``[N, 3, H, W]``.
+
+        ``channels_multiple``: zero-pad the 3 input channels (and conv1_1's weights) to a multiple of it.
+        """
+        taps = []
+        for index, layer in enumerate(self.features):
+            x = _padded_conv(layer, x, channels_multiple) if index == 0 and channels_multiple > 1 else layer(x)
+            if index in TAPS:
+                taps.append(x)
+        return taps
+
+
+def _padded_conv(conv: nn.Conv2d, x: Tensor, multiple: int) -> Tensor:
+    """``conv(x)`` with the input channels zero-padded, and the weights likewise, to a multiple of ``multiple``.
+
+    cuDNN's NHWC tensor-core kernels want channel counts in multiples of 8; with the 3 colour channels it
+    falls back to slower ones, for conv1_1's forward and for the gradient it passes to the reconstruction.
+    Zero channels times zero weights add nothing: the same result.
+    """
+    extra = -x.shape[1] % multiple
+    if extra == 0:
+        return conv(x)
+    memory_format = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else None
+    x = F.pad(x, (0, 0, 0, 0, 0, extra))
+    if memory_format is not None:
+        x = x.contiguous(memory_format=memory_format)
+    weight = F.pad(conv.weight, (0, 0, 0, 0, 0, extra))
+    return F.conv2d(x, weight, conv.bias, conv.stride, conv.padding)
+
+
+def find_vgg16_weights(path: str | None = None) -> Path:
+    """The VGG16 weight file: ``path`` if given, else torchvision's cache file under ``torch.hub.get_dir()``.
+
+    Raises ``FileNotFoundError`` saying where to put the file when it is missing.
+    """
+    if path is not None:
+        explicit = Path(path).expanduser()
+        if not explicit.is_file():
+            raise FileNotFoundError(
+                f"VGG16 weights for the perceptual loss not found at {explicit} (loss.perceptual.weights_path); "
+                f"download {VGG16_URL} there, {_HINT}."
+            )
+        return explicit
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / VGG16_FILE
+    if not cached.is_file():
+        raise FileNotFoundError(
+            f"The perceptual loss needs torchvision's ImageNet VGG16 weights and nothing is downloaded at run time. "
+            f"Put {VGG16_URL} at {cached}, {_HINT}."
+        )
+    return cached
+
+
+def load_vgg16_features(path: str | Path) -> VGG16Features:
+    """Load the ``features.*`` weights of a torchvision VGG16 file strictly; returns a frozen, eval-mode network.
+
+    The file's ``classifier.*`` keys are ignored. Missing, unexpected or wrongly shaped feature keys raise
+    ``ValueError`` naming the file and the keys.
+    """
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} is not a VGG16 state dict (got {type(state).__name__})")
+    features = {key: value for key, value in state.items() if key.startswith("features.")}
+    net = VGG16Features()
+    expected = net.state_dict()
+    problems = [f"missing {key}" for key in expected.keys() - features.keys()]
+    problems += [f"unexpected {key}" for key in features.keys() - expected.keys()]
+    for key in expected.keys() & features.keys():
+        if features[key].shape != expected[key].shape:
+            problems.append(f"{key} has shape {tuple(features[key].shape)}, expected {tuple(expected[key].shape)}")
+    if problems:
+        raise ValueError(f"{path} does not hold torchvision's VGG16 features: " + "; ".join(sorted(problems)))
+    net.load_state_dict(features, strict=True)
+    return net.requires_grad_(False)
+
+
+def _frames(video: Tensor) -> Tensor:
+    """``[B, C, T, H, W]`` -> ``[B*T, C, H, W]``: the VGG sees every frame as an image."""
+    b, c, t, h, w = video.shape
+    return video.transpose(1, 2).reshape(b * t, c, h, w)
+
+
+class PerceptualLoss(nn.Module):
+    """Weighted sum over five VGG16 layers of the (masked) mean absolute feature difference of all frames.
+
+    Inputs are rescaled with LPIPS's per-channel shift and scale, which map [-1, 1] videos onto the statistics
+    of the ImageNet-normalised images the VGG16 weights were trained on. ``frame_chunk`` runs the VGG over at
+    most that many frames at a time; when gradients are needed each chunk is recomputed in the backward pass
+    (activation checkpointing), so the memory for the VGG's activations is bounded by one chunk.
+    """
+
+    def __init__(
+        self,
+        weights_path: str | None = None,
+        layer_weights: Sequence[float] = DEFAULT_LAYER_WEIGHTS,
+        frame_chunk: int | None = None,
+        vgg: VGG16Features | None = None,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__()
+        if len(layer_weights) != len(TAPS):
+            raise ValueError(f"layer_weights needs {len(TAPS)} values (one per VGG16 layer), got {len(layer_weights)}")
+        if frame_chunk is not None and frame_chunk < 1:
+            raise ValueError(f"frame_chunk must be a positive number of frames or None, got {frame_chunk}")
+        # ``vgg`` (a ready network, e.g. random weights for timing) skips reading the weights file.
+        self.vgg = vgg if vgg is not None else load_vgg16_features(find_vgg16_weights(weights_path))
+        self.layer_weights = tuple(float(weight) for weight in layer_weights)
+        self.frame_chunk = frame_chunk
+        # NHWC images: the layout tensor-core convolutions work in (the result is the same).
+        self.channels_last = channels_last
+        # Not persistent: constants, not state worth checkpointing; buffers so they follow .to(device).
+        self.register_buffer("shift", torch.tensor(LPIPS_SHIFT).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("scale", torch.tensor(LPIPS_SCALE).view(1, 3, 1, 1), persistent=False)
+
+    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
+        """fp32 scalar loss of videos ``[B, 3, T, H, W]`` in [-1, 1]; ``mask`` ``[B, 1, T, H, W]``, 1 = counts."""
+        shape = tuple(reconstruction.shape)
+        if shape != tuple(target.shape) or len(shape) != 5 or shape[1] != 3:
+            raise ValueError(f"expected equal [B, 3, T, H, W] videos, got {shape} and {tuple(target.shape)}")
+        b, _, t, h, w = shape
+        recon, tgt = _frames(reconstruction), _frames(target)
+        mask = torch.ones((), device=recon.device) if mask is None else mask.float()
+        frames_mask = _frames(mask.expand(b, 1, t, h, w))
+        chunk = self.frame_chunk or recon.shape[0]
+        # Without chunks one pass holds the activations anyway; checkpointing would only add a recomputation.
+        recompute = chunk < recon.shape[0] and torch.is_grad_enabled() and recon.requires_grad
+        parts = []
+        for start in range(0, recon.shape[0], chunk):
+            args = (recon[start : start + chunk], tgt[start : start + chunk], frames_mask[start : start + chunk])
+            parts.append(checkpoint(self._sums, *args, use_reentrant=False) if recompute else self._sums(*args))
+        # Sums, not means, are accumulated so that the chunk size cannot change the result.
+        numerator, denominator = (sum(sums) for sums in zip(*parts, strict=True))
+        weights = torch.tensor(self.layer_weights, device=numerator.device)
+        # A fully masked batch has nothing to compare: 0, not 0/0.
+        return (weights * numerator / denominator.clamp_min(1e-12)).sum()
+
+    def _sums(self, recon: Tensor, target: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Per layer: the sum of mask-weighted |feature difference| and the sum of the weights (its normaliser)."""
+        multiple = 8 if self.channels_last else 1
+        with torch.no_grad():
+            target_features = self.vgg(self._normalize(target), multiple)
+        numerators, denominators = [], []
+        for rec, tgt in zip(self.vgg(self._normalize(recon), multiple), target_features, strict=True):
+            # The mask at this layer's resolution: the fraction of counted pixels under each feature.
+            weight = F.adaptive_avg_pool2d(mask, rec.shape[-2:])
+            # Channels first: the contiguous axis of NHWC features; one weighted sum over all elements was
+            # far slower under Inductor (docs/benchmarks.md).
+            distance = (rec.float() - tgt.float()).abs().sum(dim=1)  # [N, H, W]
+            numerators.append((distance * weight[:, 0]).sum())
+            denominators.append(weight.sum() * rec.shape[1])
+        return torch.stack(numerators), torch.stack(denominators)
+
+    def _normalize(self, x: Tensor) -> Tensor:
+        x = (x.to(self.shift.dtype) - self.shift) / self.scale
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+
+@dataclass
+class PerceptualConfig(TermConfig):
+    """VGG16 feature L1 (relu1_2..relu5_3, LPIPS input scaling) of the Cosmos post-training recipe; at weight 0
+    it needs no weights file."""
+
+    weight: float = 0.1
+    weights_path: Optional[str] = None
+    """torchvision's ImageNet VGG16 file (vgg16-397923af.pth); None looks in the torch hub cache."""
+    frame_chunk: Optional[int] = None
+    """Run the VGG over at most this many frames at once (saves memory, same result)."""
+
+    def problems(self, key: str) -> list[str]:
+        problems = super().problems(key)
+        if self.frame_chunk is not None and self.frame_chunk < 1:
+            problems.append(f"{key}.frame_chunk={self.frame_chunk} must be a positive number of frames")
+        return problems
+
+
+class PerceptualTerm(LossTerm):
+    """:class:`PerceptualLoss` as a loss term: the weights file is found at launch, the VGG16 is read and
+    built the first time the term's weight is non-zero.
+
+    ``channels_last`` (set by the acceleration switches) feeds the VGG NHWC images.
+    """
+
+    def __init__(self, config: PerceptualConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.channels_last = False
+        self.loss: PerceptualLoss | None = None
+
+    def check(self) -> None:
+        find_vgg16_weights(self.config.weights_path)
+
+    def prepare(self, device: torch.device) -> None:
+        if self.loss is None:
+            self.loss = PerceptualLoss(self.config.weights_path, frame_chunk=self.config.frame_chunk)
+        self.loss.channels_last = self.channels_last
+        self.loss.to(device)
+
+    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+        if self.loss is None:
+            raise RuntimeError("PerceptualTerm.prepare() must run before the first forward")
+        return self.loss(reconstruction, target, mask)

@@ -1,0 +1,77 @@
+"""What every loss term shares: a weight schedule over optimizer steps, and the term's interface."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class TermConfig:
+    """A loss term's weight: constant, or piecewise constant over optimizer steps."""
+
+    weight: float = 0.0
+    """Weight of the term at every step (used when ``values`` is empty); 0 turns the term off."""
+    boundaries: list[int] = field(default_factory=list)
+    """Optimizer steps (0-based) where the weight changes, increasing. As in NVIDIA's tokenizer trainer:
+    ``values[0]`` while step <= boundaries[0], ``values[i]`` while boundaries[i-1] < step <= boundaries[i],
+    ``values[-1]`` after the last boundary."""
+    values: list[float] = field(default_factory=list)
+    """``len(boundaries) + 1`` weights of the schedule; empty means ``weight`` at every step."""
+
+    def weight_at(self, step: int) -> float:
+        """The weight at optimizer step ``step``."""
+        if not self.values:
+            return float(self.weight)
+        return float(self.values[bisect.bisect_left(self.boundaries, step)])
+
+    @property
+    def weights(self) -> list[float]:
+        """Every weight the schedule takes."""
+        return [float(v) for v in self.values] if self.values else [float(self.weight)]
+
+    @property
+    def ever_on(self) -> bool:
+        """Whether the term has a non-zero weight at some step (and so needs its files and networks)."""
+        return any(w != 0 for w in self.weights)
+
+    def problems(self, key: str) -> list[str]:
+        """What is wrong with this schedule, each naming ``key`` (``loss.<term>``) and the fix."""
+        problems = [
+            f"{key}.weight={w} must be finite and >= 0" for w in self.weights if not (math.isfinite(w) and w >= 0)
+        ]
+        if self.values and len(self.values) != len(self.boundaries) + 1:
+            problems.append(
+                f"{key}.values has {len(self.values)} entries for {len(self.boundaries)} boundaries; "
+                f"give len(boundaries) + 1 = {len(self.boundaries) + 1}"
+            )
+        if self.boundaries and not self.values:
+            problems.append(f"{key}.boundaries is set but {key}.values is empty; give the weight of each interval")
+        if any(b <= a for a, b in zip(self.boundaries, self.boundaries[1:], strict=False)) or any(
+            b < 0 for b in self.boundaries
+        ):
+            problems.append(f"{key}.boundaries={self.boundaries} must be increasing optimizer steps >= 0")
+        return problems
+
+
+class LossTerm(nn.Module):
+    """One term of the objective: ``forward(reconstruction, target, mask)`` -> fp32 scalar.
+
+    Videos are ``[B, 3, T, H, W]`` in [-1, 1]; ``mask`` ``[B, 1, T, H, W]`` is 1 where a pixel counts.
+    A term that needs a network or a file finds the file in :meth:`check` (at launch) and builds the
+    network in :meth:`prepare`, the first time its weight is non-zero, outside any compiled code.
+    """
+
+    def check(self) -> None:
+        """Raise a clear error now if the term could not run later (e.g. a missing weights file)."""
+
+    def prepare(self, device: torch.device) -> None:
+        """Build what the term needs (once) and move it to ``device``."""
+        self.to(device)
+
+    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:  # pragma: no cover
+        raise NotImplementedError

@@ -1,0 +1,29 @@
+"""How the encoder and decoder run their pieces (ResNet blocks, resamplers, attention, stems, heads).
+
+Each piece goes through :func:`run_segment`, which the modules' switches steer: recomputation in the backward
+pass (``activation_checkpointing``) and an optional wrapper (``segment_wrapper``; the training acceleration
+module compiles each piece with it). Both are plain attributes, set by
+:func:`tokenizer_posttrain.training.acceleration.configure_network`, never part of the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+Segment = Callable[[Tensor], Tensor]
+SegmentWrapper = Callable[[Segment], Segment]
+
+
+def run_segment(fn: Segment, x: Tensor, recompute: bool, wrapper: SegmentWrapper | None = None) -> Tensor:
+    """``fn(x)``, through ``wrapper(fn)`` when one is set; with ``recompute`` (and autograd recording) its
+    activations are recomputed in the backward pass instead of kept."""
+    if wrapper is not None:
+        fn = wrapper(fn)
+    if recompute and torch.is_grad_enabled():
+        # Non-reentrant: works under torch.compile, with inputs that need no grad and with nested no_grad.
+        return checkpoint(fn, x, use_reentrant=False)
+    return fn(x)

@@ -1,0 +1,297 @@
+"""Typed configs of a training run: the components a recipe exposes for overrides.
+
+Each dataclass is one override group on the command line (``model.*``, ``data.*``,
+``trainer.*``, ``optim.*``, ``resume.*``, ``log.*``; ``loss.*`` is the losses' own
+:class:`~tokenizer_posttrain.losses.LossConfig`). Checks live in ``__post_init__``
+so a bad value fails before any work starts, with the key named.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..data.batch import CLIP_FRAMES, CLIP_SIZE
+from ..losses.loss import LossConfig  # the loss.* group lives with the terms it configures
+
+__all__ = [
+    "DataConfig",
+    "LoRAConfig",
+    "LogConfig",
+    "LossConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "ResumeConfig",
+    "TrainerConfig",
+]
+
+_PRECISIONS = ("bf16-mixed", "bf16-true", "32-true", "32", "16-mixed")
+
+
+def _require(ok: bool, key: str, value: object, what: str) -> None:
+    if not ok:
+        raise ValueError(f"invalid {key}={value!r}: {what}")
+
+
+_COMPILE_SCOPES = ("step", "blocks")
+_TRAINABLE = ("all", "decoder", "encoder")
+_SCHEDULES = ("constant", "cosine", "linear")
+
+
+@dataclass
+class LoRAConfig:
+    """Low-rank adapters on the convolutions (merged into the weights at export)."""
+
+    rank: int = 0
+    """Adapter rank; 0 = no LoRA (train the weights themselves)."""
+    alpha: float = 16.0
+    """Scale: adapters add (alpha / rank) * up(down(x))."""
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: ["*"])
+    """fnmatch patterns of convolution module names, e.g. ['decoder.*'] or ['*.attn_1.*']."""
+
+    def __post_init__(self) -> None:
+        _require(self.rank >= 0, "model.lora.rank", self.rank, "must be >= 0")
+        _require(0 <= self.dropout < 1, "model.lora.dropout", self.dropout, "must be in [0, 1)")
+        _require(bool(self.targets), "model.lora.targets", self.targets, "give at least one pattern")
+
+
+@dataclass
+class ModelConfig:
+    """What to train."""
+
+    model: str = "Cosmos-1.0-Tokenizer-CV8x8x8"
+    """Model name: any name of the registry (tokenizer_posttrain.network.registry: Cosmos-1.0-Tokenizer-CV8x8x8,
+    -CV8x16x16, -CV4x8x8, -CV4x8x8-LowRes, -DV8x16x16, -DV8x8x8, -DV4x8x8, -DV4x8x8-LowRes); the Cosmos-0.1-
+    prefix and the short names (CV8x8x8) work too."""
+    jit_ckpt_pth: Optional[str] = None
+    """Checkpoint folder (autoencoder.jit, or encoder.jit + decoder.jit) or file (.jit,
+    .safetensors, .ckpt). None trains from random weights (with a warning)."""
+    channels: Optional[int] = None
+    """Base width override; 16 gives the tiny models used on CPUs and in tests."""
+    trainable: str = "all"
+    """all | decoder | encoder. 'decoder' keeps the latent space (and the tokens) unchanged, so
+    diffusion or autoregressive models trained on the original tokenizer stay valid."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA adapters (model.lora.rank > 0 turns them on; only adapters then train)."""
+    ema_decay: Optional[float] = None
+    """Keep an exponential moving average of the weights with this decay (e.g. 0.999); it is
+    used for validation and export."""
+    compile: bool = False
+    """torch.compile the training forward (network and loss); the first step of each clip shape
+    compiles (docs/benchmarks.md says how long). Checkpoint keys are unchanged."""
+    compile_scope: str = "step"
+    """With model.compile: 'step' compiles network and losses as one graph; 'blocks' compiles each
+    ResNet block, resampler, attention, stem and head, and the losses, on their own, so DDP can
+    all-reduce gradients while the backward pass still runs (docs/benchmarks.md compares them)."""
+    cuda_graphs: bool = False
+    """Replay the compiled step as CUDA graphs (torch.compile's reduce-overhead mode), so the host
+    launches a step's thousands of kernels in one call; needs model.compile=true and
+    model.compile_scope=step (else ignored, with a warning). Gradients then stay allocated and are
+    zeroed in place each step (a CUDA graph overwrites its outputs at its next replay)."""
+    channels_last: bool = False
+    """Lay activations out channels-last (torch.channels_last_3d; NHWC for the VGG16), the layout
+    of cuDNN's tensor-core convolutions. Same results; pays with model.compile (slower in eager)."""
+    activation_checkpointing: bool = False
+    """Keep only the input of each ResNet block, resampler, stem and head for the backward pass
+    and recompute the rest: far less memory for long or large clips, same results."""
+
+    @property
+    def replays_cuda_graphs(self) -> bool:
+        """Whether the training step runs as CUDA graphs: ``cuda_graphs`` takes effect only on the
+        step compiled whole (``train.resolve_compile`` warns when it is set but cannot)."""
+        return self.cuda_graphs and self.compile and self.compile_scope == "step"
+
+    def __post_init__(self) -> None:
+        from ..network.registry import resolve_name
+
+        resolve_name(self.model)
+        _require(self.trainable in _TRAINABLE, "model.trainable", self.trainable, f"use one of {', '.join(_TRAINABLE)}")
+        _require(
+            self.ema_decay is None or 0 < self.ema_decay < 1, "model.ema_decay", self.ema_decay, "must be in (0, 1)"
+        )
+        _require(
+            self.channels is None or self.channels > 0, "model.channels", self.channels, "must be a positive integer"
+        )
+        for key in ("compile", "cuda_graphs", "channels_last", "activation_checkpointing"):
+            value = getattr(self, key)
+            _require(isinstance(value, bool), f"model.{key}", value, "use true or false")
+        _require(self.compile_scope in _COMPILE_SCOPES, "model.compile_scope", self.compile_scope, "use step or blocks")
+
+
+@dataclass
+class DataConfig:
+    """Where clips come from and how they are batched."""
+
+    path: Optional[str] = None
+    """Energon dataset folder of <key>.mp4 shards (python -m data_tools make-shards VIDEOS OUT makes
+    one); None trains on synthetic moving patterns (no data needed)."""
+    global_batch_size: int = 8
+    """Clips per optimizer step over all GPUs; gradient accumulation makes up the rest."""
+    micro_batch_size: int = 1
+    """Clips per GPU per forward pass."""
+    num_workers: int = 2
+    """Data loader worker processes per GPU."""
+    frames: int = CLIP_FRAMES
+    """Frames per clip (1 + 8k for the 8x temporal models)."""
+    height: int = CLIP_SIZE
+    """Crop height (the pixel budget's height with aspect_buckets)."""
+    width: int = CLIP_SIZE
+    """Crop width."""
+    resize_short_side: Optional[int] = None
+    """Resize frames (while decoding) so the short side has this length, before cropping."""
+    hflip: bool = False
+    """Flip half of the clips horizontally."""
+    aspect_buckets: bool = False
+    """Crop at the aspect bucket (1:1, 4:3, 3:4, 16:9, 9:16) nearest each video, at the pixel budget
+    height x width; each batch holds one bucket."""
+    shuffle_buffer_size: int = 100
+    """Energon: samples mixed in the shuffle buffer."""
+    max_samples_per_sequence: int = 100
+    """Energon: samples read in a row from one shard before switching."""
+    max_skip_fraction: float = 0.05
+    """Stop (with the file names) when more than this fraction of videos are unusable."""
+    preflight_samples: int = 16
+    """Videos probed before launch to check they can give the clip shape (0 disables)."""
+    num_train_samples: int = 10_000
+    """Synthetic data only: clips per epoch."""
+    synthetic_cache: bool = False
+    """Synthetic data only: each loader worker keeps the clips it made and serves them again, so
+    the clip generator's CPU time stays out of speed measurements (use few num_train_samples)."""
+    seed: int = 1234
+    """Synthetic data only: base seed of the clip generator."""
+
+    def __post_init__(self) -> None:
+        for key in ("global_batch_size", "micro_batch_size", "frames", "height", "width", "num_train_samples"):
+            value = getattr(self, key)
+            _require(value > 0, f"data.{key}", value, "must be positive")
+        _require(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
+        _require(
+            isinstance(self.synthetic_cache, bool), "data.synthetic_cache", self.synthetic_cache, "use true or false"
+        )
+        _require(
+            0 <= self.max_skip_fraction <= 1, "data.max_skip_fraction", self.max_skip_fraction, "must be in [0, 1]"
+        )
+        _require(
+            self.resize_short_side is None or self.resize_short_side > 0,
+            "data.resize_short_side",
+            self.resize_short_side,
+            "must be positive",
+        )
+
+
+@dataclass
+class TrainerConfig:
+    """Lightning Trainer settings (NeMo's defaults)."""
+
+    devices: str = "auto"
+    """GPUs (or CPU processes) per node: 'auto' or a number."""
+    num_nodes: Optional[int] = None
+    """Nodes; None reads SLURM_NNODES at launch (default 1)."""
+    accelerator: str = "gpu"
+    """'gpu' (falls back to 'cpu' with a warning when there is none) or 'cpu'."""
+    strategy: str = "ddp"
+    precision: str = "bf16-mixed"
+    """bf16-mixed keeps fp32 master weights under bf16 autocast; also bf16-true or 32-true."""
+    max_epochs: int = 10000
+    max_steps: int = -1
+    """Optimizer steps; -1 runs max_epochs."""
+    val_check_interval: int = 100
+    """Validate every N optimizer steps."""
+    limit_val_batches: int = 1
+    log_every_n_steps: int = 1
+    gradient_clip_val: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    checkpoint_every_n_steps: int = 100
+    """Write a checkpoint every N optimizer steps."""
+    checkpoint_keep: int = 3
+    """Step checkpoints kept, newest first (last.ckpt is kept in addition)."""
+    seed: int = 1234
+    max_bad_steps: int = 10
+    """Steps with a NaN/Inf loss or gradient are skipped; this many in a row stop the run."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_bad_steps > 0, "trainer.max_bad_steps", self.max_bad_steps, "must be positive")
+        _require(
+            self.devices == "auto" or (self.devices.isdigit() and int(self.devices) > 0),
+            "trainer.devices",
+            self.devices,
+            "use 'auto' or a positive number",
+        )
+        _require(
+            self.accelerator in ("gpu", "cpu", "cuda", "auto"),
+            "trainer.accelerator",
+            self.accelerator,
+            "use 'gpu' or 'cpu'",
+        )
+        _require(
+            self.precision in _PRECISIONS, "trainer.precision", self.precision, f"use one of {', '.join(_PRECISIONS)}"
+        )
+        _require(
+            self.max_steps == -1 or self.max_steps > 0, "trainer.max_steps", self.max_steps, "must be positive or -1"
+        )
+        for key in (
+            "max_epochs",
+            "val_check_interval",
+            "log_every_n_steps",
+            "checkpoint_every_n_steps",
+            "checkpoint_keep",
+        ):
+            value = getattr(self, key)
+            _require(value > 0, f"trainer.{key}", value, "must be positive")
+        _require(self.limit_val_batches >= 0, "trainer.limit_val_batches", self.limit_val_batches, "must be >= 0")
+        _require(self.gradient_clip_val >= 0, "trainer.gradient_clip_val", self.gradient_clip_val, "must be >= 0")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with the Cosmos post-training defaults."""
+
+    lr: float = 1e-4
+    adam_beta1: float = 0.5
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.01
+    lr_groups: Optional[dict[str, float]] = None
+    """Learning rate per parameter-name prefix, e.g. {'decoder.': 1e-4, 'encoder.': 1e-5}; the
+    longest matching prefix wins, other parameters use optim.lr."""
+    schedule: str = "constant"
+    """After warmup: constant | cosine | linear (decaying to min_lr_ratio x lr at trainer.max_steps)."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 over this many optimizer steps."""
+    min_lr_ratio: float = 0.0
+    """Final learning rate of the cosine/linear decay, as a fraction of each group's lr."""
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optim.lr", self.lr, "must be positive")
+        _require(self.schedule in _SCHEDULES, "optim.schedule", self.schedule, f"use one of {', '.join(_SCHEDULES)}")
+        _require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
+        _require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        for prefix, lr in (self.lr_groups or {}).items():
+            _require(lr > 0, f"optim.lr_groups[{prefix!r}]", lr, "must be positive")
+        for key in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, key)
+            _require(0 <= value < 1, f"optim.{key}", value, "must be in [0, 1)")
+        _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+
+
+@dataclass
+class ResumeConfig:
+    """AutoResume: continue from the run folder's last checkpoint."""
+
+    resume_if_exists: bool = True
+    """Resume from <run>/checkpoints/last.ckpt when it exists."""
+    resume_past_end: bool = True
+    """Allow resuming a run that already reached trainer.max_steps (it then ends at once);
+    False makes that an error."""
+    resume_from_path: Optional[str] = None
+    """Resume from this Lightning checkpoint instead."""
+
+
+@dataclass
+class LogConfig:
+    """Where a run writes checkpoints, logs and its export."""
+
+    log_dir: str = "outputs"
+    name: str = "cosmos_tokenizer"
+    """Run name: the run folder is <log_dir>/<name>."""
+    export_on_end: bool = True
+    """Export encoder.jit/decoder.jit/autoencoder.jit to <run>/export when training ends."""

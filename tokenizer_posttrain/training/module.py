@@ -1,0 +1,168 @@
+"""The LightningModule: the step logic (forward, loss, backward hand-off, validation) and nothing else.
+
+Speed switches are :class:`~.acceleration.StepAcceleration`'s, the per-step bookkeeping (NaN/Inf skips,
+clipping, logged scalars) is :class:`~.step_guard.StepGuard`'s, the loss is :mod:`tokenizer_posttrain.losses`'.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+
+from ..data.batch import LOSS_MASK, VIDEO
+from ..evaluation.metrics import video_psnr, video_ssim
+from ..io.checkpoint import CONFIG_KEY, load_tokenizer
+from ..losses import Loss, LossConfig, build_loss
+from ..network import CausalVideoTokenizer, build_tokenizer
+from .acceleration import StepAcceleration
+from .config import ModelConfig, OptimConfig
+from .monitoring import save_validation_video
+from .optim import build_optimizer
+from .step_guard import StepGuard
+from .trainable import configure_trainable
+
+
+class TokenizerModel(pl.LightningModule):
+    """Post-trains a Cosmos tokenizer on its loss (L1 + VGG16 perceptual by default): all weights, one side
+    or LoRA adapters."""
+
+    def __init__(
+        self,
+        model: ModelConfig | None = None,
+        optim: OptimConfig | None = None,
+        loss: LossConfig | None = None,
+        max_bad_steps: int = 10,
+        gradient_clip_val: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.model_config = model or ModelConfig()
+        self.optim_config = optim or OptimConfig()
+        self.loss_config = loss or LossConfig()
+        self.save_hyperparameters(
+            {"model": asdict(self.model_config), "optim": asdict(self.optim_config), "loss": asdict(self.loss_config)}
+        )
+        self.network = build_network(self.model_config)
+        self.trainable_names = configure_trainable(self.network, self.model_config.trainable, self.model_config.lora)
+        # Held in a list, not as a child: its frozen networks (59 MB of VGG16) stay out of checkpoints and DDP.
+        self._loss: list[Loss] = [build_loss(self.loss_config)]
+        self.acceleration = StepAcceleration(self.model_config)
+        self.acceleration.apply(self.network, self.loss)
+        self.step_forward = self.acceleration.wrap_step(self._step_forward)
+        self._loss_call = self.acceleration.wrap_loss(self.loss.forward)
+        self.guard = StepGuard(max_bad_steps, gradient_clip_val)
+
+    @property
+    def loss(self) -> Loss:
+        return self._loss[0]
+
+    @property
+    def loss_history(self) -> list[tuple[int, float]]:
+        """``(optimizer step, train/loss)`` of every logged step."""
+        return self.guard.loss_history
+
+    @property
+    def bad_steps(self) -> int:
+        """Optimizer steps skipped in a row so far for a NaN/Inf gradient norm (as far as read back)."""
+        return self.guard.nonfinite.in_a_row
+
+    def _input(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        # Loaders give bf16; feeding the parameters' dtype lets autocast choose conv precision
+        # and keeps bf16-true and fp32 runs consistent.
+        dtype = self.network.post_quant_conv.conv3d.weight.dtype
+        return batch[VIDEO].to(dtype), batch[LOSS_MASK]
+
+    def reconstruct(self, video: Tensor) -> Tensor:
+        if self.model_config.trainable == "decoder" and self.training:
+            # The encoder is frozen: no activations kept for it, no gradients computed.
+            with torch.no_grad():
+                latent = self.network.encoding(video).latent
+            return self.network.decode(latent)
+        return self.network(video)
+
+    def losses(self, reconstruction: Tensor, video: Tensor, mask: Tensor) -> dict[str, Tensor]:
+        """Every loss term active at the current step, and their total ``"loss"`` (not compiled)."""
+        return self.loss(reconstruction, video, mask, self.loss.prepare(self.global_step, video.device))
+
+    def _step_forward(self, video: Tensor, mask: Tensor, weights: dict[str, float]) -> dict[str, Tensor]:
+        """Forward of network and loss: the part ``model.compile`` compiles (as one graph, or in pieces)."""
+        return self._loss_call(self.reconstruct(video), video, mask, weights)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        video, mask = self._input(batch)
+        # Terms are built and moved outside the compiled step; a term at weight 0 now is not computed.
+        weights = self.loss.prepare(self.global_step, video.device)
+        self.acceleration.begin_micro_batch()
+        terms = self.step_forward(video, mask, weights)
+        # A NaN/Inf loss is not caught here: it makes NaN gradients, which on_before_optimizer_step
+        # detects after DDP's all-reduce, so every rank skips the same step. Returning None on one
+        # rank would leave the others waiting in the all-reduce.
+        self.guard.add_micro_batch(terms)
+        return terms["loss"]
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        self.acceleration.zero_grad(optimizer, self.parameters())
+
+    def on_before_backward(self, loss: Tensor) -> None:
+        self.acceleration.before_backward(self.parameters())
+
+    def on_validation_model_zero_grad(self) -> None:
+        if not self.acceleration.keeps_gradients:
+            super().on_validation_model_zero_grad()
+
+    def on_train_start(self) -> None:
+        self.guard.reset()
+        self.acceleration.start_fit()
+
+    def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self.acceleration.after_first_batch()
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.guard.before_optimizer_step(self, optimizer)
+
+    def on_train_end(self) -> None:
+        self.guard.on_train_end(self)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        video, mask = self._input(batch)
+        reconstruction = self.network(video)
+        n = video.shape[0]
+        for name, value in self.losses(reconstruction, video, mask).items():
+            self.log(f"val/{name}", value, batch_size=n, sync_dist=True)
+        self.log("val/psnr", video_psnr(reconstruction, video), batch_size=n, sync_dist=True, prog_bar=True)
+        self.log("val/ssim", video_ssim(reconstruction, video), batch_size=n, sync_dist=True)
+        if batch_idx == 0 and self.trainer.is_global_zero and not self.trainer.sanity_checking:
+            save_validation_video(self.trainer, video[0], reconstruction[0])
+
+    def on_fit_end(self) -> None:
+        self.acceleration.release(self.network)
+
+    def configure_optimizers(self) -> dict:
+        return build_optimizer(
+            self.network,
+            self.optim_config,
+            self.trainer.max_steps if self._trainer else -1,
+            fused=self.device.type == "cuda",
+        )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.guard.on_save_checkpoint(self)
+        # Lets load_tokenizer() rebuild the exact network from a .ckpt alone.
+        checkpoint[CONFIG_KEY] = self.network.config.to_dict()
+
+
+def build_network(cfg: ModelConfig) -> CausalVideoTokenizer:
+    """The network to post-train: ``model.jit_ckpt_pth`` loaded strictly, else random weights (warned)."""
+    overrides = {"channels": cfg.channels} if cfg.channels else {}
+    if cfg.jit_ckpt_pth is None:
+        warnings.warn(
+            f"model.jit_ckpt_pth is not set: training {cfg.model} from RANDOM weights. "
+            "Point it at a Cosmos checkpoint folder to post-train.",
+            stacklevel=2,
+        )
+        return build_tokenizer(cfg.model, **overrides)
+    return load_tokenizer(cfg.jit_ckpt_pth, cfg.model, **overrides)

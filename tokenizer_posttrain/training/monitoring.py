@@ -1,0 +1,225 @@
+"""What a run reports while it trains: loggers, learning rates, throughput and memory, the progress bar,
+validation videos, which videos each step read (and which were skipped), and the summary at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import RichProgressBar
+from torch import Tensor
+
+from ..core.errors import DataError
+from ..data.batch import KEYS, SKIPPED, VIDEO
+from ..evaluation.media import side_by_side_frames, write_mp4
+from .step_guard import is_log_step
+
+THROUGHPUT_WINDOW = 10
+"""Batches over which ``train/clips_per_sec`` and ``train/step_time`` are averaged."""
+
+
+def loggers(run_dir: Path, name: str) -> list:
+    """CSV always (curves without any account); wandb too when WANDB_API_KEY is set."""
+    found: list = [pl.loggers.CSVLogger(save_dir=str(run_dir), name="csv")]
+    if os.environ.get("WANDB_API_KEY"):
+        found.append(
+            pl.loggers.WandbLogger(
+                project=os.environ.get("WANDB_PROJECT_NAME", "tokenizer-posttrain"),
+                name=name,
+                id=os.environ.get("WANDB_RUN_ID"),
+                resume="allow",
+                save_dir=str(run_dir),
+            )
+        )
+    return found
+
+
+class ThroughputMonitor(pl.Callback):
+    """Logs ``train/clips_per_sec`` and ``train/step_time`` over the wall time of the last few batches, and
+    ``train/gpu_mem_gib`` (peak allocated) on a GPU.
+
+    The time includes data loading, and on a GPU the queue of asynchronous kernels keeps the host no more
+    than a step ahead. Values are logged as CPU tensors: a Python number would become a CUDA tensor, a copy
+    that waits for the GPU.
+    """
+
+    def __init__(self, window: int = THROUGHPUT_WINDOW) -> None:
+        self._batch_ends: deque[tuple[float, int]] = deque(maxlen=window + 1)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._batch_ends.clear()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_ends.append((time.perf_counter(), batch[VIDEO].shape[0] * trainer.world_size))
+        if len(self._batch_ends) > 1:
+            elapsed = self._batch_ends[-1][0] - self._batch_ends[0][0]
+            clips = sum(n for _, n in list(self._batch_ends)[1:])
+            pl_module.log("train/clips_per_sec", torch.tensor(clips / max(elapsed, 1e-9)), batch_size=1, prog_bar=True)
+            pl_module.log("train/step_time", torch.tensor(elapsed / (len(self._batch_ends) - 1)), batch_size=1)
+        if pl_module.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
+            pl_module.log("train/gpu_mem_gib", torch.tensor(peak), batch_size=1)
+
+
+def save_validation_video(trainer: pl.Trainer, video: Tensor, reconstruction: Tensor) -> Path:
+    """Input | reconstruction of one validation clip as ``<run>/val_videos/stepNNNNNNN.mp4``, also sent to
+    wandb when it logs."""
+    frames = side_by_side_frames(video, reconstruction)
+    step = trainer.global_step
+    path = write_mp4(Path(trainer.default_root_dir) / "val_videos" / f"step{step:07d}.mp4", frames)
+    for logger in trainer.loggers:
+        if isinstance(logger, pl.loggers.WandbLogger):
+            import wandb
+
+            logger.experiment.log({"val/video": wandb.Video(str(path), format="mp4")}, step=step)
+    return path
+
+
+class LearningRateLogger(pl.Callback):
+    """Logs each parameter group's learning rate as ``lr-<Optimizer>/<group name>`` at the steps the
+    losses are logged. Lightning's LearningRateMonitor does the same but also copies every rate to the
+    GPU at every step (for ``callback_metrics``), a copy that makes the host wait for the GPU."""
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        first_micro_batch = batch_idx % trainer.accumulate_grad_batches == 0
+        if not (trainer.is_global_zero and first_micro_batch and is_log_step(step, trainer.log_every_n_steps)):
+            return
+        rates = {}
+        for optimizer in trainer.optimizers:
+            for i, group in enumerate(optimizer.param_groups):
+                rates[f"lr-{type(optimizer).__name__}/{group.get('name', f'pg{i + 1}')}"] = float(group["lr"])
+        for logger in trainer.loggers:
+            logger.log_metrics(rates, step=step)
+
+
+class StepProgressBar(RichProgressBar):
+    """Rich progress bar whose total is the run's micro-batches (``max_steps`` x accumulation), so
+    its ETA is real: the data streams are endless and Lightning's own total is not."""
+
+    @property
+    def total_train_batches(self) -> int | float:
+        trainer = self.trainer
+        if trainer.max_steps and trainer.max_steps > 0:
+            return trainer.max_steps * trainer.accumulate_grad_batches
+        return super().total_train_batches
+
+
+class RunSummary(pl.Callback):
+    """Keeps the validation history of this run; at the end prints a summary and draws ``loss_curve.png``
+    from the training losses the module logged."""
+
+    def __init__(self) -> None:
+        self.val_psnr: list[tuple[int, float]] = []
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        psnr = trainer.callback_metrics.get("val/psnr")
+        if psnr is not None and not trainer.sanity_checking:
+            self.val_psnr.append((trainer.global_step, float(psnr)))
+
+    def report(
+        self,
+        run_dir: Path,
+        steps: int,
+        seconds: float,
+        losses: list[tuple[int, float]],
+        ckpt_dir: Path,
+        export_dir: Path | None,
+    ) -> None:
+        """Print the summary (and write the loss curve of ``(step, loss)`` ``losses``) of a finished run."""
+        lines = [f"Run finished: {steps} steps in {seconds / 60:.1f} min"]
+        if len(losses) >= 2:
+            n = min(5, len(losses) // 2)
+            first, last = (sum(v for _, v in part) / n for part in (losses[:n], losses[-n:]))
+            lines.append(
+                f"train/loss over this run: {first:.4f} (mean of first {n} steps) -> {last:.4f} (mean of last {n})"
+            )
+            lines.append(f"loss curve: {self._plot(run_dir / 'loss_curve.png', losses)}")
+        if self.val_psnr:
+            step, best = max(self.val_psnr, key=lambda item: item[1])
+            lines.append(f"best val/psnr: {best:.2f} dB at step {step}")
+        lines.append(f"checkpoints: {ckpt_dir}")
+        if export_dir is not None:
+            lines.append(f"export (encoder.jit, decoder.jit, autoencoder.jit): {export_dir}")
+        print("\n".join(lines), flush=True)
+
+    def _plot(self, path: Path, values: list[tuple[int, float]]) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot([s for s, _ in values], [v for _, v in values], lw=1, label="train/loss")
+        if self.val_psnr:
+            twin = ax.twinx()
+            twin.plot(*zip(*self.val_psnr, strict=True), "o-", color="tab:orange", label="val/psnr")
+            twin.set_ylabel("val PSNR (dB)")
+        ax.set_xlabel("step")
+        ax.set_ylabel("train loss")
+        ax.set_yscale("log")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+
+class SkippedSamples(pl.Callback):
+    """Counts and logs the videos the loader skipped (``data/skipped_samples``), naming each;
+    stops the run when more than ``max_fraction`` of them fail (after a few dozen samples,
+    so one early bad file does not end a run)."""
+
+    MIN_SAMPLES = 20
+
+    def __init__(self, max_fraction: float) -> None:
+        self.max_fraction = max_fraction
+        self.skipped: list[str] = []
+        self.used = 0
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not isinstance(batch, dict) or SKIPPED not in batch:
+            return
+        new = list(batch[SKIPPED])
+        for reason in new:
+            print(f"[rank {trainer.global_rank}] skipped video {reason}", flush=True)
+        self.skipped.extend(new)
+        self.used += len(batch[VIDEO])
+        pl_module.log("data/skipped_samples", float(len(self.skipped)), reduce_fx="sum", sync_dist=True, batch_size=1)
+        total = self.used + len(self.skipped)
+        if total >= self.MIN_SAMPLES and len(self.skipped) > self.max_fraction * total:
+            listing = "\n  ".join(self.skipped[:20])
+            raise DataError(
+                f"{len(self.skipped)} of {total} videos read on rank {trainer.global_rank} were unusable, more than "
+                f"data.max_skip_fraction={self.max_fraction}:\n  {listing}\n"
+                "Run python -m data_tools check on the dataset to list every problem, then fix or remove those files."
+            )
+
+
+class SampleTrace(pl.Callback):
+    """Appends which videos each training micro-batch held to ``<dir>/rank<R>.jsonl``: an audit
+    trail of what a run trained on, and the proof that a resumed run continues the stream."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not isinstance(batch, dict) or KEYS not in batch:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        record = {"step": trainer.global_step, "keys": list(batch[KEYS])}
+        with open(self.directory / f"rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")

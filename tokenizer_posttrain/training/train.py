@@ -1,0 +1,256 @@
+"""The training entry: build the pieces from typed configs, check them, fit, export."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import EMAWeightAveraging
+
+from ..data.fake import SyntheticVideoDataModule
+from ..network.registry import get_config
+from .acceleration import ddp_strategy, resolve_compile
+from .checkpointing import (
+    LAST_CKPT,
+    AtomicCheckpointIO,
+    PreemptionCheckpoint,
+    RngState,
+    checkpoint_callback,
+    checkpoint_step,
+    find_resume_checkpoint,
+)
+from .config import DataConfig, LogConfig, LossConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
+from .module import TokenizerModel
+from .monitoring import (
+    LearningRateLogger,
+    RunSummary,
+    SampleTrace,
+    SkippedSamples,
+    StepProgressBar,
+    ThroughputMonitor,
+    loggers,
+)
+from .stop_signal import HostStopAgreement
+
+
+@dataclass
+class Parallelism:
+    accelerator: str
+    devices: int
+    num_nodes: int
+    accumulate_grad_batches: int
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+
+def resolve_parallelism(trainer: TrainerConfig, data: DataConfig) -> Parallelism:
+    """Accelerator, devices, nodes and gradient accumulation, checked before any work starts."""
+    accelerator = "gpu" if trainer.accelerator in ("gpu", "cuda") else trainer.accelerator
+    if accelerator == "auto":
+        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    if accelerator == "gpu" and not torch.cuda.is_available():
+        warnings.warn(
+            "trainer.accelerator=gpu but no CUDA GPU is visible: training on the CPU "
+            "(slow; set trainer.accelerator=cpu to silence this).",
+            stacklevel=2,
+        )
+        accelerator = "cpu"
+    num_nodes = trainer.num_nodes if trainer.num_nodes is not None else int(os.environ.get("SLURM_NNODES", "1"))
+    if "LOCAL_WORLD_SIZE" in os.environ:  # launched by torchrun: one process per device
+        devices = int(os.environ["LOCAL_WORLD_SIZE"])
+        if trainer.devices != "auto" and int(trainer.devices) != devices:
+            raise ValueError(
+                f"trainer.devices={trainer.devices} but torchrun started {devices} processes "
+                "per node; make --nproc-per-node and trainer.devices agree"
+            )
+    elif trainer.devices != "auto":
+        devices = int(trainer.devices)
+    else:
+        devices = torch.cuda.device_count() if accelerator == "gpu" else 1
+    per_step = data.micro_batch_size * devices * num_nodes
+    if data.global_batch_size % per_step:
+        raise ValueError(
+            f"data.global_batch_size={data.global_batch_size} is not a multiple of data.micro_batch_size "
+            f"({data.micro_batch_size}) x data-parallel size ({devices * num_nodes}) = {per_step}; "
+            f"use a global batch of {max(per_step, data.global_batch_size // per_step * per_step)} "
+            "or change the micro batch"
+        )
+    return Parallelism(accelerator, devices, num_nodes, data.global_batch_size // per_step)
+
+
+def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
+    """Fail before launch when the clip shape cannot go through the tokenizer."""
+    cfg = get_config(model.model)
+    problems = cfg.clip_problems(data.frames, data.height, data.width, ("data.frames", "data.height", "data.width"))
+    if problems:
+        raise ValueError(f"the clip shape does not fit {cfg.name}: {'; '.join(problems)}")
+
+
+def build_datamodule(data: DataConfig, model: ModelConfig, seed: int) -> pl.LightningDataModule:
+    """Synthetic clips when ``data.path`` is None, else the energon video dataset at that path."""
+    if data.path is None:
+        return SyntheticVideoDataModule(
+            frames=data.frames,
+            height=data.height,
+            width=data.width,
+            micro_batch_size=data.micro_batch_size,
+            num_workers=data.num_workers,
+            num_train_samples=data.num_train_samples,
+            cache=data.synthetic_cache,
+            seed=data.seed,
+        )
+    # The video stack (energon, PyAV) only for real data: synthetic runs need just torch.
+    from ..data.energon import EnergonVideoDataModule
+    from ..data.task_encoder import ClipSpec
+
+    spec = ClipSpec(
+        frames=data.frames,
+        height=data.height,
+        width=data.width,
+        resize_short_side=data.resize_short_side,
+        hflip=data.hflip,
+        aspect_buckets=data.aspect_buckets,
+        multiple_of=get_config(model.model).spatial_compression,
+    )
+    return EnergonVideoDataModule(
+        data.path,
+        spec,
+        micro_batch_size=data.micro_batch_size,
+        num_workers=data.num_workers,
+        shuffle_buffer_size=data.shuffle_buffer_size,
+        max_samples_per_sequence=data.max_samples_per_sequence,
+        seed=seed,
+    )
+
+
+def check_data(data: DataConfig, world_size: int, seed: int) -> None:
+    """Preflight of a real dataset: refuse to start when its videos cannot give the clips."""
+    if data.path is None:
+        return
+    from ..data.preflight import check_worker_share, preflight
+
+    check_worker_share(data.path, world_size, data.num_workers)
+    problems = preflight(
+        data.path,
+        data.frames,
+        data.height,
+        data.width,
+        data.resize_short_side,
+        data.preflight_samples,
+        data.max_skip_fraction,
+        seed,
+    )
+    if problems:
+        warnings.warn("some sampled videos will be skipped:\n  " + "\n  ".join(problems[:10]), stacklevel=2)
+
+
+def _forward_sigusr1_as_sigterm() -> None:
+    # Clusters send SIGUSR1 ahead of preemption. Under SLURM Lightning handles it (checkpoint and
+    # requeue); elsewhere we treat it like SIGTERM: finish the batch, write last.ckpt, exit.
+    if "SLURM_JOB_ID" not in os.environ and hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+
+
+def train(
+    model: ModelConfig,
+    data: DataConfig,
+    trainer: TrainerConfig,
+    optim: OptimConfig,
+    resume: ResumeConfig,
+    log: LogConfig,
+    loss: LossConfig = LossConfig(),  # noqa: B008 - an immutable-by-use default
+    extra_callbacks: Sequence[pl.Callback] = (),
+) -> Path:
+    """Post-train a Cosmos tokenizer; returns the run folder (checkpoints/, csv/, export/).
+
+    ``extra_callbacks`` join the run's own (benchmarks add a profiler this way).
+    """
+    started = time.time()
+    check_clip_shape(model, data)
+    par = resolve_parallelism(trainer, data)
+    model = resolve_compile(model, par.accelerator)
+    check_data(data, par.world_size, trainer.seed)
+    run_dir = Path(log.log_dir) / log.name
+    ckpt_dir = run_dir / "checkpoints"
+    ckpt_path = find_resume_checkpoint(ckpt_dir, resume)
+    if ckpt_path and trainer.max_steps > 0:
+        done = checkpoint_step(ckpt_path)
+        if done >= trainer.max_steps and not resume.resume_past_end:
+            raise ValueError(
+                f"{ckpt_path} already reached step {done} >= trainer.max_steps="
+                f"{trainer.max_steps}; raise trainer.max_steps or set resume.resume_past_end=true"
+            )
+
+    pl.seed_everything(trainer.seed, workers=True, verbose=False)
+    module = TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)
+    module.hparams["data"] = asdict(data)  # for the model card of the export
+    datamodule = build_datamodule(data, model, trainer.seed)
+    limit_val_batches = trainer.limit_val_batches
+    if data.path is not None and not datamodule.has_validation:
+        warnings.warn(f"{data.path} has no val split: validation is off", stacklevel=2)
+        limit_val_batches = 0
+    summary = RunSummary()
+    callbacks = [
+        checkpoint_callback(ckpt_dir, trainer.checkpoint_every_n_steps, trainer.checkpoint_keep),
+        PreemptionCheckpoint(ckpt_dir / LAST_CKPT),
+        summary,
+        SkippedSamples(data.max_skip_fraction),
+        SampleTrace(run_dir / "samples"),
+        LearningRateLogger(),
+        ThroughputMonitor(),
+        StepProgressBar(),
+        RngState(),
+        HostStopAgreement(),
+        *extra_callbacks,
+    ]
+    if model.ema_decay is not None:
+        # Lightning's EMA: validation, the final weights (hence the export) and checkpoints use the average.
+        callbacks.append(EMAWeightAveraging(decay=model.ema_decay, use_buffers=False))
+
+    lightning_trainer = pl.Trainer(
+        accelerator=par.accelerator,
+        devices=par.devices,
+        num_nodes=par.num_nodes,
+        strategy=ddp_strategy(trainer, model) if par.world_size > 1 else "auto",
+        precision=trainer.precision,
+        max_epochs=trainer.max_epochs,
+        max_steps=trainer.max_steps,
+        # Both count optimizer steps on the command line; Lightning counts micro-batches.
+        val_check_interval=trainer.val_check_interval * par.accumulate_grad_batches,
+        check_val_every_n_epoch=None,
+        limit_val_batches=limit_val_batches,
+        # Both data modules shard the stream over the ranks themselves.
+        use_distributed_sampler=False,
+        log_every_n_steps=trainer.log_every_n_steps,
+        accumulate_grad_batches=par.accumulate_grad_batches,
+        # No gradient_clip_val: the module clips (see TokenizerModel.gradient_clip_val).
+        callbacks=callbacks,
+        plugins=[AtomicCheckpointIO()],
+        logger=loggers(run_dir, log.name),
+        default_root_dir=str(run_dir),
+        enable_model_summary=False,
+    )
+    if ckpt_path:
+        print(f"Resuming from {ckpt_path}", flush=True)
+    _forward_sigusr1_as_sigterm()
+    lightning_trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+
+    if lightning_trainer.is_global_zero:
+        export_dir = None
+        if log.export_on_end:
+            from ..io.export import export_tokenizer
+
+            export_dir = export_tokenizer(module.network, run_dir / "export")
+        summary.report(
+            run_dir, lightning_trainer.global_step, time.time() - started, module.loss_history, ckpt_dir, export_dir
+        )
+    return run_dir

@@ -1,0 +1,326 @@
+"""The one-command post-training workflow, as a plain typed function (CLI and NeMo-Run share it).
+
+Steps: shards (unless ``videos`` is already an energon dataset) -> baseline evaluation ->
+training (with its preflight) -> evaluation against the baseline -> export with a model card.
+With ``sweep``, short runs over learning rate and what trains pick the configuration first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Literal, Optional
+
+from ..core.errors import DataError, UserError
+from ..data.batch import CLIP_FRAMES, CLIP_SIZE
+from ..data.layout import dataset_splits
+from ..io.checkpoint import read_weights, resolve_config
+from ..io.model_card import model_card
+from ..losses.perceptual import find_vgg16_weights
+from ..network.registry import TokenizerConfig
+from ..training.config import (
+    DataConfig,
+    LogConfig,
+    LoRAConfig,
+    LossConfig,
+    ModelConfig,
+    OptimConfig,
+    ResumeConfig,
+    TrainerConfig,
+)
+
+
+def prepare_data(videos: Path, run_dir: Path, val_fraction: float) -> Path:
+    """An energon dataset: ``videos`` itself when prepared, else shards made in ``run_dir/data``."""
+    if dataset_splits(videos):
+        return videos
+    out = run_dir / "data"
+    cmd = [
+        sys.executable,
+        "-m",
+        "data_tools",
+        "make-shards",
+        str(videos),
+        str(out),
+        "--val-fraction",
+        str(val_fraction),
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _root_path()})
+    if result.returncode != 0:
+        raise DataError(f"making shards from {videos} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    return out
+
+
+def _root_path() -> str:
+    root = str(Path(__file__).resolve().parents[1])
+    return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+
+
+def perceptual_weight_or_default(requested: float | None) -> float:
+    """The requested weight; by default 0.1 when the VGG16 file is there, else 0 with a notice."""
+    if requested is not None:
+        return requested
+    try:
+        find_vgg16_weights()
+    except FileNotFoundError:
+        print(
+            "note: no VGG16 weights found, training with L1 only (pass --perceptual-weight 0.1 and put "
+            "vgg16-397923af.pth in the torch hub cache to use the perceptual loss)",
+            flush=True,
+        )
+        return 0.0
+    return 0.1
+
+
+def _train_variant(
+    model_name: str,
+    channels: int,
+    base: str,
+    data_path: str,
+    run_dir: str,
+    name: str,
+    steps: int,
+    lr: float,
+    trainable: str,
+    lora_rank: int,
+    frames: int,
+    size: int,
+    resize_short_side: Optional[int],
+    batch_size: int,
+    num_workers: int,
+    accelerator: str,
+    perceptual: float,
+) -> Path:
+    """Train one configuration into ``run_dir/name``; returns its export folder.
+
+    Plain arguments only: NeMo-Run serialises the sweep's tasks."""
+    from ..training.train import train
+
+    has_val = "val" in dataset_splits(data_path)
+    train(
+        model=ModelConfig(
+            model=model_name,
+            jit_ckpt_pth=base,
+            channels=channels,
+            trainable=trainable,
+            lora=LoRAConfig(rank=lora_rank),
+        ),
+        data=DataConfig(
+            path=str(data_path),
+            frames=frames,
+            height=size,
+            width=size,
+            resize_short_side=resize_short_side,
+            global_batch_size=batch_size,
+            micro_batch_size=batch_size,
+            num_workers=num_workers,
+        ),
+        trainer=TrainerConfig(
+            accelerator=accelerator,
+            max_steps=steps,
+            devices="1",
+            val_check_interval=max(1, steps // 4) if has_val else steps,
+            checkpoint_every_n_steps=max(1, steps // 4),
+        ),
+        optim=OptimConfig(lr=lr, schedule="cosine", warmup_steps=max(1, steps // 20)),
+        resume=ResumeConfig(),
+        log=LogConfig(log_dir=str(run_dir), name=name),
+        loss=LossConfig(perceptual_weight=perceptual),
+    )
+    return Path(run_dir) / name / "export"
+
+
+def posttrain(
+    base: str,
+    videos: str,
+    out: str,
+    model: Optional[str] = None,
+    steps: int = 2000,
+    lr: float = 1e-4,
+    trainable: Literal["all", "decoder", "encoder"] = "all",
+    lora_rank: int = 0,
+    frames: int = CLIP_FRAMES,
+    size: int = CLIP_SIZE,
+    resize_short_side: Optional[int] = None,
+    batch_size: int = 1,
+    num_workers: int = 2,
+    accelerator: Literal["auto", "gpu", "cpu"] = "auto",
+    perceptual_weight: Optional[float] = None,
+    val_fraction: float = 0.1,
+    eval_clips: int = 32,
+    sweep: bool = False,
+    sweep_steps: int = 50,
+    sweep_lrs: Optional[list[float]] = None,
+    max_latent_drift: float = 0.05,
+) -> dict:
+    """Post-train ``base`` on ``videos``: shards, baseline evaluation, training, evaluation, export with a model
+    card. Returns the summary (also written to ``out/summary.json``).
+
+    Args:
+        base: base checkpoint (a folder with autoencoder.jit, or encoder.jit + decoder.jit, or a file)
+        videos: folder of videos, or an energon dataset made by data_tools
+        out: run folder (shards, evaluations, the training run, export/)
+        model: model name when the checkpoint does not say (default: inferred from it)
+        steps: optimizer steps of the training run
+        lr: peak learning rate (cosine schedule after a warmup of steps/20)
+        trainable: what trains: all, decoder (latent space unchanged) or encoder
+        lora_rank: LoRA adapters of this rank instead of the weights themselves (0: none)
+        frames: frames per clip (1 + 8k), for training and evaluation
+        size: square crop side (a multiple of the spatial compression), for training and evaluation
+        resize_short_side: resize frames to this short side before cropping
+        batch_size: clips per optimizer step (one GPU or the CPU)
+        num_workers: data loader worker processes
+        accelerator: auto, gpu or cpu
+        perceptual_weight: weight of the VGG16 perceptual term (default: 0.1 when the VGG16 file is in the
+            torch hub cache, else 0 with a notice)
+        val_fraction: held-out share of the videos when making shards
+        eval_clips: held-out clips to evaluate, before and after
+        sweep: first try lr x (all, decoder, LoRA) for sweep_steps each and keep the best
+        sweep_steps: optimizer steps of each sweep run
+        sweep_lrs: learning rates the sweep tries (default: lr/3, lr, 3 lr)
+        max_latent_drift: sweep: only configurations whose latent drift (CV) or token flip rate (DV) stays
+            under this
+    """
+    from ..evaluation.evaluate import evaluate
+
+    run_dir = Path(out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = resolve_config(read_weights(base), model, {})
+    data_path = prepare_data(Path(videos), run_dir, val_fraction)
+    clip = {"frames": frames, "size": size, "resize_short_side": resize_short_side}
+    perceptual = perceptual_weight_or_default(perceptual_weight)
+    common = dict(
+        frames=frames,
+        size=size,
+        resize_short_side=resize_short_side,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        accelerator=accelerator,
+        perceptual=perceptual,
+    )
+    print(f"[1/4] baseline evaluation of {base}", flush=True)
+    before = evaluate(base, str(data_path), str(run_dir / "eval_baseline"), max_clips=eval_clips, **clip)
+    chosen = {"lr": lr, "trainable": trainable, "lora_rank": lora_rank}
+    if sweep:
+        chosen = run_sweep(
+            config,
+            base,
+            data_path,
+            run_dir,
+            sweep_steps,
+            sweep_lrs or [lr / 3, lr, lr * 3],
+            max_latent_drift,
+            eval_clips,
+            clip,
+            common,
+        )
+    print(f"[2/4] training {config.name} for {steps} steps with {chosen}", flush=True)
+    export = _train_variant(
+        config.full_name, config.channels, base, str(data_path), str(run_dir), "train", steps, **chosen, **common
+    )
+    export_dir = run_dir / "export"
+    if export_dir.exists():
+        shutil.rmtree(export_dir)
+    shutil.copytree(export, export_dir)
+    print("[3/4] evaluation against the baseline", flush=True)
+    after = evaluate(
+        str(export_dir), str(data_path), str(run_dir / "eval"), baseline=base, max_clips=eval_clips, **clip
+    )
+    print("[4/4] model card and summary", flush=True)
+    (export_dir / "README.md").write_text(
+        model_card(
+            run_dir / "train" / "checkpoints" / "last.ckpt",
+            {"model": config.full_name, "global_step": steps},
+            after,
+            ema=False,
+        )
+    )
+    summary = {
+        "psnr_before": before["metrics"]["psnr"],
+        "psnr_after": after["metrics"]["psnr"],
+        "chosen": chosen,
+        "export": str(export_dir),
+        "report": str(run_dir / "eval" / "report.md"),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(
+        f"PSNR on held-out clips: {summary['psnr_before']:.2f} dB -> {summary['psnr_after']:.2f} dB\n"
+        f"export: {export_dir}\nreport: {summary['report']}",
+        flush=True,
+    )
+    return summary
+
+
+def run_sweep(
+    config: TokenizerConfig,
+    base: str,
+    data_path: Path,
+    run_dir: Path,
+    steps: int,
+    lrs: list[float],
+    max_latent_drift: float,
+    eval_clips: int,
+    clip: dict,
+    common: dict,
+) -> dict:
+    """Short runs over learning rate x (all, decoder, LoRA) as one NeMo-Run experiment; the best by
+    held-out PSNR among those whose latent drift stays under ``max_latent_drift`` wins."""
+    import nemo_run as run
+
+    from ..evaluation.evaluate import evaluate
+
+    variants = [
+        {"trainable": "all", "lora_rank": 0},
+        {"trainable": "decoder", "lora_rank": 0},
+        {"trainable": "all", "lora_rank": 8},
+    ]
+    grid = [{"lr": lr, **v} for lr in lrs for v in variants]
+    names = [f"sweep_{i:02d}" for i in range(len(grid))]
+    with run.Experiment("posttrain-sweep", executor=run.LocalExecutor(), log_level="WARN") as exp:
+        for name, choice in zip(names, grid, strict=True):
+            exp.add(
+                run.Partial(
+                    _train_variant,
+                    config.full_name,
+                    config.channels,
+                    base,
+                    str(data_path),
+                    str(run_dir / "sweep"),
+                    name,
+                    steps,
+                    **choice,
+                    **common,
+                ),
+                name=name,
+            )
+        exp.run(direct=True, sequential=True)
+    scored = []
+    for name, choice in zip(names, grid, strict=True):
+        export = run_dir / "sweep" / name / "export"
+        if not export.is_dir():
+            print(f"sweep {name} {choice}: failed, skipped", flush=True)
+            continue
+        result = evaluate(
+            str(export),
+            str(data_path),
+            str(run_dir / "sweep" / name / "eval"),
+            baseline=base,
+            max_clips=eval_clips,
+            **clip,
+        )
+        drift = (
+            (result.get("comparison") or {}).get("latent_drift")
+            or (result.get("comparison") or {}).get("token_flip_rate")
+            or 0.0
+        )
+        print(f"sweep {name} {choice}: psnr {result['metrics']['psnr']:.2f} dB, drift {drift:.4f}", flush=True)
+        scored.append((drift <= max_latent_drift, result["metrics"]["psnr"], choice))
+    if not scored:
+        raise UserError(f"every sweep run failed; see the logs under {run_dir / 'sweep'}")
+    best = max(scored, key=lambda item: (item[0], item[1]))
+    (run_dir / "sweep" / "choice.json").write_text(json.dumps({"chosen": best[2], "within_drift": best[0]}) + "\n")
+    return best[2]
