@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from tokenizer_posttrain.training import config as cfg  # noqa: E402
 from tokenizer_posttrain.training.acceleration import cuda_graph_skips  # noqa: E402
-from tokenizer_posttrain.training.train import ddp_kwargs as training_ddp_kwargs  # noqa: E402
+from tokenizer_posttrain.training.acceleration import ddp_kwargs as training_ddp_kwargs  # noqa: E402
 from tokenizer_posttrain.training.train import train  # noqa: E402
 
 
