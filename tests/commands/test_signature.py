@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 from typing import Literal, Optional
 
 import pytest
@@ -78,19 +77,3 @@ def test_help_is_the_docstring() -> None:
     assert docstring_args(job)["lr"] == "learning rate, over two lines"
     text = parser().format_help()
     assert "optimizer steps (default: 200)" in text and "the base checkpoint" in text
-
-
-def test_posttrain_command_recipe_and_function_share_their_defaults() -> None:
-    import fiddle as fdl
-
-    from recipes.workflows import posttrain_recipe
-    from tokenizer_posttrain.commands.posttrain_cmd import register
-    from tokenizer_posttrain.workflow.posttrain import posttrain
-
-    root = argparse.ArgumentParser()
-    register(root.add_subparsers(dest="command"))
-    parsed = vars(root.parse_args(["posttrain", "--base", "b", "--videos", "v", "--out", "o"]))
-    recipe = fdl.build(posttrain_recipe("b", "v", "o")).keywords
-    for name, param in inspect.signature(posttrain).parameters.items():
-        if param.default is not inspect.Parameter.empty:
-            assert parsed[name] == param.default == recipe[name], name

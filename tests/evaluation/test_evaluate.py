@@ -6,7 +6,6 @@ as a "post-trained" model, and the real torchmetrics and VGG16 code paths.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -23,7 +22,6 @@ from torchmetrics.functional.image import peak_signal_noise_ratio
 from tests.conftest import reference_weights
 from tests.losses.test_perceptual import random_vgg16_state
 from tests.videos import encode_video, write_energon_dataset
-from tokenizer_posttrain.commands.evaluate_cmd import register
 from tokenizer_posttrain.data.energon import EnergonVideoDataModule
 from tokenizer_posttrain.data.task_encoder import ClipSpec
 from tokenizer_posttrain.evaluation.evaluate import evaluate
@@ -196,62 +194,3 @@ def test_train_split_when_there_is_no_val_split(tmp_path: Path) -> None:
 
 
 # -- command line ----------------------------------------------------------------------------------------------
-
-
-def cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="tokenizer_posttrain")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["evaluate", *argv])
-    return args.func(args)
-
-
-def test_cli_writes_the_report_without_baseline(
-    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "eval"
-    code = cli(
-        "--checkpoint",
-        CV,
-        "--data",
-        str(dataset),
-        "--out",
-        str(out),
-        "--frames",
-        "9",
-        "--size",
-        "64",
-        "--max-clips",
-        "2",
-    )
-    printed = capsys.readouterr().out
-    assert code == 0, printed
-    assert "PSNR (dB)" in printed and f"report: {out}/report.md" in printed
-    results = read_results(out)
-    assert results["baseline"] is None and results["baseline_metrics"] is None and results["deltas"] == {}
-    assert results["n_clips"] == 2 and results["dtype"] == "fp32"
-    # Two clips, two videos per side: each clip once, input | post-trained.
-    assert [v["kind"] for v in results["videos"]] == ["best", "best"]
-    assert video_shape(out / results["videos"][0]["path"]) == (FRAMES, SIZE, 2 * SIZE)
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        ({"--checkpoint": "/no/such/checkpoint"}, "checkpoint /no/such/checkpoint does not exist"),
-        ({"--data": "/no/such/data"}, "data /no/such/data does not exist"),
-        ({"--frames": "8"}, "--frames=8 is not 1+8k frames (use 1 or 9)"),
-        ({"--size": "40", "--checkpoint": DV}, "--size=40 is not a multiple of 16"),
-        ({"--data": str(Path(__file__).parent)}, "is not an energon dataset"),
-        ({"--vgg-weights": "/no/vgg16.pth"}, "VGG16 weights /no/vgg16.pth (--vgg-weights) not found"),
-    ],
-)
-def test_cli_errors_are_one_line(
-    change: dict[str, str], message: str, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    options = {"--checkpoint": CV, "--data": str(dataset), "--out": str(tmp_path), "--frames": "9", **change}
-    code = cli(*(item for pair in options.items() for item in pair))
-    err = capsys.readouterr().err
-    assert code == 1
-    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
-    assert message in err
-    assert not (tmp_path / "results.json").exists()

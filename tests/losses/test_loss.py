@@ -49,12 +49,6 @@ def test_a_term_at_weight_zero_is_not_computed() -> None:
     assert set(terms) == {"l1", "loss"} and torch.equal(terms["loss"], terms["l1"])
 
 
-def test_weights_follow_the_schedule_on_optimizer_steps() -> None:
-    config = PerceptualConfig(boundaries=[10, 20], values=[0.0, 0.1, 0.5])
-    assert [config.weight_at(step) for step in (0, 10, 11, 20, 21, 10_000)] == [0.0, 0.0, 0.1, 0.1, 0.5, 0.5]
-    assert PerceptualConfig(weight=0.3).weight_at(123) == 0.3
-
-
 def test_a_scheduled_network_is_found_at_launch_and_built_when_first_needed(weights_file: Path) -> None:
     schedule = {"boundaries": [5], "values": [0.0, 0.1], "weights_path": str(weights_file)}
     loss = build_loss(LossConfig(perceptual=PerceptualConfig(**schedule)))

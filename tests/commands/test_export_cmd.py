@@ -1,0 +1,37 @@
+"""The export command: the official file set and a model card from a training checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.conftest import run_cli
+from tests.workflow.test_posttrain import cli
+
+
+def test_export_command_writes_files_and_model_card(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    train = run_cli(
+        "--factory",
+        "tiny",
+        "trainer.max_steps=2",
+        "trainer.checkpoint_every_n_steps=1",
+        "model.ema_decay=0.9",
+        "log.export_on_end=false",
+        f"log.log_dir={run}",
+        cwd=tmp_path,
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+    # a checkpoint from during the run (at the end Lightning copies the EMA into the live weights)
+    ckpt = run / "tiny_cv8x8x8" / "checkpoints" / "step=2.ckpt"
+    for flag, out in (([], "plain"), (["--ema"], "ema")):
+        result = cli("export", "--checkpoint", str(ckpt), "--out", str(tmp_path / out), *flag, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        card = (tmp_path / out / "README.md").read_text()
+        assert "CV8x8x8" in card and "| steps | 2 |" in card
+    plain = torch.jit.load(str(tmp_path / "plain" / "autoencoder.jit")).state_dict()
+    ema = torch.jit.load(str(tmp_path / "ema" / "autoencoder.jit")).state_dict()
+    assert any(not torch.equal(plain[k], ema[k]) for k in plain)  # the EMA average differs from the last weights
+    bad = cli("export", "--checkpoint", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "x"), cwd=tmp_path)
+    assert bad.returncode == 1 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr

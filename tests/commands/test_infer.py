@@ -1,0 +1,99 @@
+"""reconstruct, encode and decode on video files: sizes, frame rates, latents files, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import pytest
+import torch
+from safetensors import safe_open
+
+from tests.conftest import ROOT, reference_weights
+from tests.videos import frames_array, write_video
+from tokenizer_posttrain.commands import infer
+
+
+def run_infer(*args: str) -> int:
+    parser = argparse.ArgumentParser(prog="tokenizer_posttrain")
+    infer.register(parser.add_subparsers(dest="command", required=True))
+    parsed = parser.parse_args([str(a) for a in args])
+    return parsed.func(parsed)
+
+
+def probe(path: Path) -> tuple[int, int, int, Fraction]:
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        frames = sum(1 for _ in container.decode(stream))
+        return frames, stream.height, stream.width, stream.average_rate
+
+
+def test_cli_reconstruct_encode_decode(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    ckpt = reference_weights("CV8x8x8")
+    source = write_video(tmp_path / "in.mp4", 20, 40, 72, fps=25)
+    out, latents = tmp_path / "out" / "rec.mp4", tmp_path / "rec.safetensors"
+    assert run_infer("reconstruct", "--checkpoint", ckpt, "--input", source, "--output", out) == 0
+    assert "PSNR" in capsys.readouterr().out
+    assert probe(out) == (20, 40, 72, 25)
+
+    assert run_infer("encode", "--checkpoint", ckpt, "--input", source, "--output", latents) == 0
+    with safe_open(str(latents), framework="pt") as f:
+        assert f.metadata()["model"] == "Cosmos-1.0-Tokenizer-CV8x8x8" and f.metadata()["fps"] == "25"
+        assert f.get_tensor("latent").shape == (2, 16, 3, 5, 9) and int(f.get_tensor("frames")) == 20
+
+    decoded = tmp_path / "dec.mp4"
+    assert run_infer("decode", "--checkpoint", ckpt, "--input", latents, "--output", decoded) == 0
+    assert probe(decoded) == (20, 40, 72, 25)
+
+
+def test_cli_keeps_odd_sizes_and_saves_latents(tmp_path: Path) -> None:
+    source = tmp_path / "odd.mp4"
+    infer.write_video(source, frames_array(10, 37, 51), Fraction(12))  # yuv444p: odd sizes fit
+    out, latents = tmp_path / "rec.mp4", tmp_path / "l.safetensors"
+    args = ["--checkpoint", reference_weights("DV8x16x16"), "--input", source, "--output", out]
+    assert run_infer("reconstruct", *args, "--save-latents", latents, "--context", "1") == 0
+    assert probe(out) == (10, 37, 51, 12)
+    with safe_open(str(latents), framework="pt") as f:
+        assert f.get_tensor("indices").dtype == torch.int32 and int(f.get_tensor("context")) == 1
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    ckpt = reference_weights("CV8x8x8")
+    good = write_video(tmp_path / "in.mp4", 3, 16, 16)
+    junk = tmp_path / "junk.mp4"
+    junk.write_text("not a video")
+    for args, message in [
+        (["reconstruct", "--input", tmp_path / "missing.mp4"], "does not exist"),
+        (["reconstruct", "--input", junk], "cannot read video"),
+        (["reconstruct", "--input", good, "--window", "16"], "window=16"),
+        (["decode", "--input", junk], "cannot read latents"),
+        (["decode", "--input", ckpt], "was not written by `encode`"),
+    ]:
+        assert run_infer(*args, "--checkpoint", ckpt, "--output", tmp_path / "o.mp4") == 1
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    with pytest.raises(SystemExit) as exit_:
+        run_infer("reconstruct", "--checkpoint", ckpt, "--input", good, "--output", "o.mp4", "--window", "x")
+    assert exit_.value.code == 2
+    assert not (tmp_path / "o.mp4").exists()
+
+
+def test_cli_in_a_fresh_process_fails_cleanly(tmp_path: Path) -> None:
+    code = (
+        "import argparse, sys; from tokenizer_posttrain.commands import infer; p = argparse.ArgumentParser(); "
+        "infer.register(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
+    )
+    args = ["reconstruct", "--checkpoint", str(tmp_path / "none"), "--input", str(tmp_path / "none.mp4")]
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args, "--output", str(tmp_path / "o.mp4")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: input video") and "Traceback" not in result.stderr

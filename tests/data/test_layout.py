@@ -1,0 +1,20 @@
+"""Reading a dataset's split layout from .nv-meta/split.yaml without energon."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizer_posttrain.data.layout import dataset_splits, split_parts
+
+
+def test_unprepared_folders_have_no_splits(tmp_path: Path) -> None:
+    assert split_parts(tmp_path) is None and dataset_splits(tmp_path) == set()
+
+
+def test_splits_with_shards_are_listed(tmp_path: Path) -> None:
+    (tmp_path / ".nv-meta").mkdir()
+    (tmp_path / ".nv-meta" / "split.yaml").write_text(
+        "split_parts:\n  train: ['{000000..000002}.tar']\n  val: ['000003.tar']\n  test: []\n"
+    )
+    assert split_parts(tmp_path)["train"] == ["{000000..000002}.tar"]
+    assert dataset_splits(tmp_path) == {"train", "val"}
