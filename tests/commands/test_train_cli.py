@@ -115,3 +115,12 @@ def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_pat
     disagreement = sum(((ddp["state_dict"][k] - one["state_dict"][k]) ** 2).sum() for k in weights).sqrt()
     update = sum(((one["state_dict"][k] - start[k.removeprefix("network.")]) ** 2).sum() for k in weights).sqrt()
     assert update > 0.05 and disagreement < 1e-3 * update, (float(disagreement), float(update))
+
+
+def test_help_lists_the_override_groups_and_exits_0(tmp_path: Path) -> None:
+    # NeMo-Run's help read the entry's annotations as strings (postponed evaluation) and crashed.
+    result = run_cli("--help", cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    for group in ("model", "data", "trainer", "optim", "resume", "log", "loss"):
+        assert f"│ {group} " in result.stdout

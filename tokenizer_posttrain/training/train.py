@@ -1,7 +1,5 @@
 """The training entry: build the pieces from typed configs, check them, fit, export."""
 
-from __future__ import annotations
-
 import os
 import signal
 import time
