@@ -75,3 +75,24 @@ def test_workflow_recipes_build() -> None:
     assert built.func is evaluate and built.keywords["baseline"] == "base"
     built = fdl.build(posttrain_recipe("base", "videos", "out", sweep=True))
     assert built.func is posttrain and built.keywords["sweep"] is True and built.keywords["frames"] == 33
+
+
+@pytest.mark.parametrize(
+    ("overrides", "l1", "perceptual"),
+    [
+        (["loss.perceptual_weight=0.3", "loss.l1_weight=0.7"], (0.7, [], []), (0.3, [], [])),
+        (["loss.perceptual.weight=0.2", "loss.perceptual.weights_path=/vgg.pth"], (1.0, [], []), (0.2, [], [])),
+        (
+            ["loss.perceptual.boundaries=[100]", "loss.perceptual.values=[0.0,0.1]", "loss.perceptual.frame_chunk=4"],
+            (1.0, [], []),
+            (0.1, [100], [0.0, 0.1]),
+        ),
+    ],
+)
+def test_loss_overrides_reach_the_terms(overrides: list[str], l1: tuple, perceptual: tuple) -> None:
+    loss = fdl.build(parse_cli_args(recipes.cv8x8x8.cv8x8x8(), overrides)).keywords["loss"]
+    assert (loss.l1.weight, loss.l1.boundaries, loss.l1.values) == l1
+    assert (loss.perceptual.weight, loss.perceptual.boundaries, loss.perceptual.values) == perceptual
+    if "loss.perceptual.frame_chunk=4" in overrides:
+        assert loss.perceptual.frame_chunk == 4 and loss.weights_at(100) == {"l1": 1.0}
+        assert loss.weights_at(101) == {"l1": 1.0, "perceptual": 0.1}

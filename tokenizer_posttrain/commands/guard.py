@@ -11,16 +11,9 @@ import torch
 
 from ..core.errors import UserError
 
-EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
-    UserError,
-    ValueError,
-    TypeError,
-    KeyError,
-    NotImplementedError,
-    OSError,
-)
-"""Errors whose message says what is wrong: our own (:class:`UserError`), bad values and types
-(configs validate in ``__post_init__``), and files that are missing or cannot be read or written."""
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (UserError, ValueError, OSError)
+"""Errors whose message says what is wrong: our own (:class:`UserError`), bad values (configs validate in
+``__post_init__``), and files that are missing or cannot be read or written. Anything else is a bug."""
 
 OOM_HINT = "use a smaller clip, batch or tile (or --dtype bf16)"
 
@@ -31,15 +24,19 @@ def fail(message: str) -> int:
     return 1
 
 
-def run_guarded(command: Callable[[], int | None], oom_hint: str = OOM_HINT) -> int:
-    """Run ``command``; its exit code (0 for None), or 1 with a one-line message for an expected error,
-    130 on Ctrl-C, and 1 with the traceback for anything unexpected."""
+def run_guarded(
+    command: Callable[[], int | None],
+    oom_hint: str = OOM_HINT,
+    also_expected: tuple[type[BaseException], ...] = (),
+) -> int:
+    """Run ``command``; its exit code (0 for None), or 1 with a one-line message for an expected error
+    (:data:`EXPECTED_ERRORS` and ``also_expected``), 130 on Ctrl-C, and 1 with the traceback for anything else."""
     try:
         code = command()
     except torch.OutOfMemoryError:
         return fail(f"out of memory; {oom_hint}")
-    except EXPECTED_ERRORS as err:
-        return fail(str(err) if not isinstance(err, KeyError) else f"missing key {err}")
+    except (*EXPECTED_ERRORS, *also_expected) as err:
+        return fail(str(err))
     except KeyboardInterrupt:
         fail("interrupted")
         return 130

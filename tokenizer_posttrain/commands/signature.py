@@ -47,6 +47,8 @@ def add_function_arguments(parser: argparse.ArgumentParser, fn: Callable) -> Non
     hints = typing.get_type_hints(fn)
     helps = docstring_args(fn)
     for name, param in inspect.signature(fn).parameters.items():
+        if name not in hints:
+            raise TypeError(f"{fn.__name__}({name}): annotate the parameter to give it a command-line form")
         annotation = _unwrap_optional(hints[name])
         flag = "--" + name.replace("_", "-")
         required = param.default is inspect.Parameter.empty

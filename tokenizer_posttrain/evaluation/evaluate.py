@@ -21,10 +21,10 @@ from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..io.checkpoint import load_tokenizer
 from ..losses.perceptual import VGG16_FILE, VGG16_URL, PerceptualLoss, find_vgg16_weights
 from ..network import CausalVideoTokenizer
+from .inference import DTYPES
 from .media import to_frames, to_uint8
 from .metrics import clip_psnr, clip_ssim, codebook_stats, latent_drift, temporal_flicker, token_flip_rate
 
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 PER_CLIP = ("psnr", "ssim", "lpips", "flicker")
 LPIPS_NOTE = (
     "VGG16 perceptual distance of the training loss (LPIPS input scaling, weighted L1 of relu1_2..relu5_3 "

@@ -55,8 +55,8 @@ from torch import Tensor
 from ..network import CausalVideoTokenizer
 from .media import to_frames
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-"""Command-line spellings of the supported compute dtypes."""
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+"""Spellings (command line, NeMo-Run recipes) of the supported compute dtypes."""
 
 
 def default_context(network: CausalVideoTokenizer, window: int) -> int:

@@ -1,7 +1,5 @@
 """The L1 reconstruction term."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from torch import Tensor

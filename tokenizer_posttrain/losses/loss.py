@@ -1,8 +1,7 @@
 """The seam of the objective: one config with a sub-config per term, and the module built from it."""
 
-from __future__ import annotations
-
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -19,6 +18,8 @@ TERMS: dict[str, type[LossTerm]] = {
 }
 """Term name (also its ``LossConfig`` field and its ``train/<name>`` metric) -> class, in the order the
 total sums them."""
+SHORTHANDS = {"l1_weight": "l1", "perceptual_weight": "perceptual"}
+"""The flat ``loss.<term>_weight`` settings of earlier releases -> their term."""
 
 
 @dataclass
@@ -30,18 +31,22 @@ class LossConfig:
     perceptual: PerceptualConfig = field(default_factory=PerceptualConfig)
     """VGG16 perceptual term (weight 0.1); weight 0 needs no VGG16 file."""
     l1_weight: Optional[float] = None
-    """Shorthand for loss.l1.weight (kept from earlier releases)."""
+    """Shorthand for loss.l1.weight (kept from earlier releases); moved into loss.l1 when the config is made."""
     perceptual_weight: Optional[float] = None
-    """Shorthand for loss.perceptual.weight (kept from earlier releases)."""
+    """Shorthand for loss.perceptual.weight (kept from earlier releases); moved into loss.perceptual likewise."""
 
     def __post_init__(self) -> None:
-        for alias, term in (("l1_weight", "l1"), ("perceptual_weight", "perceptual")):
-            value = getattr(self, alias)
+        for alias, term in SHORTHANDS.items():
+            value, config = getattr(self, alias), getattr(self, term)
             if value is not None:
-                config = getattr(self, term)
+                if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                    raise ValueError(f"invalid loss.{alias}={value!r}: must be finite and >= 0")
                 if config.values:
                     raise ValueError(f"invalid loss.{alias}={value!r}: loss.{term} has a schedule (values); drop one")
-                setattr(self, term, dataclasses.replace(config, weight=value))
+                config = dataclasses.replace(config, weight=float(value))
+                setattr(self, term, config)
+            # Consumed: the term's config holds the weight, so a later dataclasses.replace() cannot apply it twice.
+            setattr(self, alias, None)
         problems = [p for name in TERMS for p in self.term(name).problems(f"loss.{name}")]
         if not problems:
             off = [step for step in self.schedule_starts() if not self.weights_at(step)]

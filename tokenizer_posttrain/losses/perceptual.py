@@ -4,8 +4,6 @@ The VGG16 trunk is rebuilt here with torchvision's parameter names, so the Image
 (``vgg16-397923af.pth``) load without torchvision being installed. Nothing is downloaded at run time.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +50,7 @@ class VGG16Features(nn.Module):
         self.features = nn.Sequential(*layers)
         self.train(False)
 
-    def train(self, mode: bool = True) -> VGG16Features:
+    def train(self, mode: bool = True) -> "VGG16Features":
         # A frozen loss network: Lightning's model.train() must not flip it back to training mode.
         return super().train(False)
 
@@ -109,18 +107,23 @@ def find_vgg16_weights(path: str | None = None) -> Path:
     return cached
 
 
-def load_vgg16_features(path: str | Path) -> VGG16Features:
-    """Load the ``features.*`` weights of a torchvision VGG16 file strictly; returns a frozen, eval-mode network.
+def read_vgg16_features(path: str | Path, mmap: bool = False) -> dict[str, Tensor]:
+    """The ``features.*`` weights of a torchvision VGG16 file, checked against the network's keys and shapes.
 
     The file's ``classifier.*`` keys are ignored. Missing, unexpected or wrongly shaped feature keys raise
-    ``ValueError`` naming the file and the keys.
+    ``ValueError`` naming the file and the keys. ``mmap`` maps the file instead of reading it (for checks).
     """
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except RuntimeError:
+        if not mmap:
+            raise
+        state = torch.load(path, map_location="cpu", weights_only=True)  # an old (non-zip) file cannot be mapped
     if not isinstance(state, dict):
         raise ValueError(f"{path} is not a VGG16 state dict (got {type(state).__name__})")
     features = {key: value for key, value in state.items() if key.startswith("features.")}
-    net = VGG16Features()
-    expected = net.state_dict()
+    with torch.device("meta"):
+        expected = VGG16Features().state_dict()
     problems = [f"missing {key}" for key in expected.keys() - features.keys()]
     problems += [f"unexpected {key}" for key in features.keys() - expected.keys()]
     for key in expected.keys() & features.keys():
@@ -128,7 +131,14 @@ def load_vgg16_features(path: str | Path) -> VGG16Features:
             problems.append(f"{key} has shape {tuple(features[key].shape)}, expected {tuple(expected[key].shape)}")
     if problems:
         raise ValueError(f"{path} does not hold torchvision's VGG16 features: " + "; ".join(sorted(problems)))
-    net.load_state_dict(features, strict=True)
+    return features
+
+
+def load_vgg16_features(path: str | Path) -> "VGG16Features":
+    """Load the ``features.*`` weights of a torchvision VGG16 file strictly (see :func:`read_vgg16_features`);
+    returns a frozen, eval-mode network."""
+    net = VGG16Features()
+    net.load_state_dict(read_vgg16_features(path), strict=True)
     return net.requires_grad_(False)
 
 
@@ -245,7 +255,9 @@ class PerceptualTerm(LossTerm):
         self.loss: PerceptualLoss | None = None
 
     def check(self) -> None:
-        find_vgg16_weights(self.config.weights_path)
+        # The file's keys and shapes, read through a memory map: a wrong file fails at launch, and the
+        # network itself is still built only when first needed.
+        read_vgg16_features(find_vgg16_weights(self.config.weights_path), mmap=True)
 
     def prepare(self, device: torch.device) -> None:
         if self.loss is None:

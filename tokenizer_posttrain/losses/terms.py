@@ -1,7 +1,5 @@
 """What every loss term shares: a weight schedule over optimizer steps, and the term's interface."""
 
-from __future__ import annotations
-
 import bisect
 import math
 from dataclasses import dataclass, field

@@ -14,8 +14,10 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from ..core.errors import UserError
 
-class NonFiniteLossError(RuntimeError):
+
+class NonFiniteLossError(UserError, RuntimeError):
     """Too many optimizer steps in a row had a NaN/Inf loss or gradient."""
 
 

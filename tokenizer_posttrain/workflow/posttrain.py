@@ -56,7 +56,7 @@ def prepare_data(videos: Path, run_dir: Path, val_fraction: float) -> Path:
 
 
 def _root_path() -> str:
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the repository: data_tools beside the package
     return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
 
 
