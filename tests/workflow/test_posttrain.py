@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -93,3 +94,11 @@ def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base
     assert choice == {"chosen": {"lr": 1e-3, "trainable": "decoder", "lora_rank": 0}, "within_drift": True}
     assert len(list((tmp_path / "run" / "sweep").glob("sweep_*/export/autoencoder.jit"))) == 3
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["chosen"]["trainable"] == "decoder"
+
+
+def test_shards_are_made_with_data_tools_from_the_repository_root() -> None:
+    # The workflow starts `python -m data_tools` in a fresh process: its path must hold the repository root.
+    from tokenizer_posttrain.workflow.posttrain import _root_path
+
+    root = Path(_root_path().split(os.pathsep)[0])
+    assert (root / "data_tools" / "__main__.py").is_file() and (root / "tokenizer_posttrain").is_dir()
