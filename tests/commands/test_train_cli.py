@@ -73,6 +73,8 @@ def test_second_run_in_the_same_folder_resumes(first_run: tuple[Path, object]) -
         ("trainer.max_stepz=3", "cannot apply override trainer.max_stepz=3: no such setting"),
         ("trainer.max_steps=abc", "invalid override trainer.max_steps=abc: 'abc' is not a valid int"),
         ("data.global_batch_size=3", "data.global_batch_size=3 is not a multiple of"),
+        ("optim.lr=inf", "invalid optim.lr=inf: must be a positive, finite number"),
+        ("loss.l1_weight=-1", "invalid loss.l1_weight=-1.0: must be finite and >= 0"),
     ],
 )
 def test_bad_input_exits_non_zero_with_a_message(override: str, message: str, tmp_path: Path) -> None:

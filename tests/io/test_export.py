@@ -5,9 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import REFERENCE, reference_weights
+from tokenizer_posttrain.core.errors import ExportError
 from tokenizer_posttrain.io.checkpoint import load_tokenizer
 from tokenizer_posttrain.io.export import export_tokenizer
 
@@ -86,3 +88,12 @@ def test_bf16_export_runs_in_bf16(exported_dirs: dict[str, Path]) -> None:
     with torch.no_grad():
         rec = auto(torch.zeros(1, 3, 9, 32, 32, dtype=torch.bfloat16))[0]
     assert rec.dtype == torch.bfloat16 and rec.shape == (1, 3, 9, 32, 32)
+
+
+def test_a_network_with_non_finite_weights_is_not_exported(tmp_path: Path) -> None:
+    net = load_tokenizer(reference_weights("CV8x8x8"), channels=16)
+    with torch.no_grad():
+        next(p for n, p in net.named_parameters() if n.startswith("decoder.")).view(-1)[0] = float("inf")
+    with pytest.raises(ExportError, match=r"weight tensors hold NaN or Inf \(first: decoder\."):
+        export_tokenizer(net, tmp_path / "export")
+    assert not (tmp_path / "export").exists()

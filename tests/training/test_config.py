@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from tokenizer_posttrain.training.config import DataConfig, ModelConfig, TrainerConfig
+from tokenizer_posttrain.training.config import DataConfig, LoRAConfig, ModelConfig, OptimConfig, TrainerConfig
 
 
 def test_speed_switches_are_validated() -> None:
@@ -28,3 +30,32 @@ def test_speed_switches_are_validated() -> None:
 def test_trainer_config_rejects_bad_values(kwargs: dict, key: str) -> None:
     with pytest.raises(ValueError, match=f"invalid {key}="):
         TrainerConfig(**kwargs)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+@pytest.mark.parametrize(
+    ("make", "key"),
+    [
+        (lambda v: OptimConfig(lr=v), "optim.lr"),
+        (lambda v: OptimConfig(lr_groups={"decoder.": v}), "optim.lr_groups['decoder.']"),
+        (lambda v: OptimConfig(weight_decay=v), "optim.weight_decay"),
+        (lambda v: OptimConfig(adam_eps=v), "optim.adam_eps"),
+        (lambda v: OptimConfig(adam_beta1=v), "optim.adam_beta1"),
+        (lambda v: OptimConfig(min_lr_ratio=v), "optim.min_lr_ratio"),
+        (lambda v: TrainerConfig(gradient_clip_val=v), "trainer.gradient_clip_val"),
+        (lambda v: LoRAConfig(alpha=v), "model.lora.alpha"),
+        (lambda v: LoRAConfig(dropout=v), "model.lora.dropout"),
+        (lambda v: ModelConfig(ema_decay=v), "model.ema_decay"),
+        (lambda v: DataConfig(max_skip_fraction=v), "data.max_skip_fraction"),
+    ],
+)
+def test_non_finite_numbers_are_refused_with_their_key(make, key: str, value: float) -> None:  # noqa: ANN001
+    # inf passes a one-sided check such as lr > 0: optim.lr=inf trained a run into NaN weights and exported them.
+    with pytest.raises(ValueError, match=f"invalid {re.escape(key)}="):
+        make(value)
+
+
+def test_non_positive_rates_are_refused() -> None:
+    for make, key in ((lambda: OptimConfig(lr=0.0), "optim.lr"), (lambda: OptimConfig(adam_eps=0.0), "optim.adam_eps")):
+        with pytest.raises(ValueError, match=f"invalid {key}=0.0"):
+            make()

@@ -102,3 +102,10 @@ def test_shards_are_made_with_data_tools_from_the_repository_root() -> None:
 
     root = Path(_root_path().split(os.pathsep)[0])
     assert (root / "data_tools" / "__main__.py").is_file() and (root / "tokenizer_posttrain").is_dir()
+
+
+def test_a_non_finite_learning_rate_stops_before_any_work(tmp_path: Path, base_and_videos: tuple) -> None:
+    base, videos = base_and_videos
+    result = posttrain(base, videos, tmp_path / "run", lr="inf")
+    assert result.returncode == 1 and "invalid optim.lr=inf" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()  # no shards, no baseline evaluation

@@ -22,3 +22,7 @@ class EvaluationError(UserError, ValueError):
 
 class CommandError(UserError):
     """A command-line tool cannot do what it was asked (a missing input, an unreadable video)."""
+
+
+class ExportError(UserError):
+    """A network that must not be written as a tokenizer (e.g. weights that are NaN or infinite)."""

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..core.errors import ExportError
 from ..core.files import atomic_path
 from ..network import AutoencoderLayout, CausalVideoTokenizer, DecoderLayout, EncoderLayout
 from ..network.lora import merge_lora
@@ -45,8 +46,17 @@ def export_tokenizer(
     ``config.json`` for ``network`` into ``out_dir``; returns ``out_dir``.
 
     The network is copied to the CPU in eval mode, LoRA adapters merged, cast to ``dtype`` and traced (the
-    official files are bf16; fp32, the default, keeps every bit of the trained weights).
+    official files are bf16; fp32, the default, keeps every bit of the trained weights). A network with NaN
+    or Inf weights is refused (:class:`ExportError`) and nothing is written.
     """
+    state = network.state_dict()
+    broken = [name for name, value in state.items() if value.is_floating_point() and not value.isfinite().all()]
+    if broken:
+        raise ExportError(
+            f"not exporting to {out_dir}: {len(broken)} of {len(state)} weight tensors hold NaN or Inf "
+            f"(first: {broken[0]}); the training diverged: export an earlier checkpoint "
+            "(RUN/checkpoints/step=N.ckpt) and lower optim.lr"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     net = copy.deepcopy(network).to("cpu", dtype).eval()

@@ -6,6 +6,7 @@ Each dataclass is one override group on the command line (``model.*``, ``data.*`
 so a bad value fails before any work starts, with the key named.
 """
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -31,6 +32,11 @@ def _require(ok: bool, key: str, value: object, what: str) -> None:
         raise ValueError(f"invalid {key}={value!r}: {what}")
 
 
+def _finite(value: object) -> bool:
+    """Whether ``value`` is a finite number: inf and nan pass every ``>`` check of a bound on one side."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 _COMPILE_SCOPES = ("step", "blocks")
 _TRAINABLE = ("all", "decoder", "encoder")
 _SCHEDULES = ("constant", "cosine", "linear")
@@ -51,6 +57,7 @@ class LoRAConfig:
     def __post_init__(self) -> None:
         _require(self.rank >= 0, "model.lora.rank", self.rank, "must be >= 0")
         _require(0 <= self.dropout < 1, "model.lora.dropout", self.dropout, "must be in [0, 1)")
+        _require(_finite(self.alpha) and self.alpha > 0, "model.lora.alpha", self.alpha, "must be a positive number")
         _require(bool(self.targets), "model.lora.targets", self.targets, "give at least one pattern")
 
 
@@ -238,7 +245,12 @@ class TrainerConfig:
             value = getattr(self, key)
             _require(value > 0, f"trainer.{key}", value, "must be positive")
         _require(self.limit_val_batches >= 0, "trainer.limit_val_batches", self.limit_val_batches, "must be >= 0")
-        _require(self.gradient_clip_val >= 0, "trainer.gradient_clip_val", self.gradient_clip_val, "must be >= 0")
+        _require(
+            _finite(self.gradient_clip_val) and self.gradient_clip_val >= 0,
+            "trainer.gradient_clip_val",
+            self.gradient_clip_val,
+            "must be a finite number >= 0 (0 disables clipping)",
+        )
 
 
 @dataclass
@@ -261,16 +273,22 @@ class OptimConfig:
     """Final learning rate of the cosine/linear decay, as a fraction of each group's lr."""
 
     def __post_init__(self) -> None:
-        _require(self.lr > 0, "optim.lr", self.lr, "must be positive")
+        _require(_finite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be a positive, finite number")
         _require(self.schedule in _SCHEDULES, "optim.schedule", self.schedule, f"use one of {', '.join(_SCHEDULES)}")
         _require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
         _require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
         for prefix, lr in (self.lr_groups or {}).items():
-            _require(lr > 0, f"optim.lr_groups[{prefix!r}]", lr, "must be positive")
+            _require(_finite(lr) and lr > 0, f"optim.lr_groups[{prefix!r}]", lr, "must be a positive, finite number")
         for key in ("adam_beta1", "adam_beta2"):
             value = getattr(self, key)
             _require(0 <= value < 1, f"optim.{key}", value, "must be in [0, 1)")
-        _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        _require(
+            _finite(self.weight_decay) and self.weight_decay >= 0,
+            "optim.weight_decay",
+            self.weight_decay,
+            "must be a finite number >= 0",
+        )
+        _require(_finite(self.adam_eps) and self.adam_eps > 0, "optim.adam_eps", self.adam_eps, "must be positive")
 
 
 @dataclass

@@ -187,6 +187,8 @@ def posttrain(
     """
     from ..evaluation.evaluate import evaluate
 
+    for rate in (lr, *(sweep_lrs or [])):  # before any work: a bad rate would fail only at the training step
+        OptimConfig(lr=rate)
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)
     config = resolve_config(read_weights(base), model, {})
