@@ -67,6 +67,10 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
     report = (tmp_path / "run" / "eval" / "report.md").read_text()
     assert "psnr" in report.lower()
     assert "PSNR on held-out clips" in result.stdout
+    # The model card comes from the run's own settings (it said base None and synthetic clips before).
+    card = (export / "README.md").read_text()
+    assert f"from `{base}`" in card and f"`{tmp_path / 'run' / 'data'}`, clips 9x64x64" in card, card
+    assert "| steps | 40 |" in card
 
 
 def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base_and_videos: tuple) -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ..io.checkpoint import load_tokenizer
 from ..io.export import export_tokenizer
-from ..io.model_card import model_card
+from ..io.model_card import checkpoint_card
 from .guard import run_guarded
 
 
@@ -25,13 +24,9 @@ def _export(args: argparse.Namespace) -> int:
     network = load_tokenizer(checkpoint, ema=args.ema)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     out = export_tokenizer(network, args.out, dtype=dtype)
-    info: dict[str, Any] = {"model": network.config.full_name}
-    if checkpoint.suffix == ".ckpt":
-        ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-        info.update(global_step=ckpt.get("global_step"), hyper_parameters=ckpt.get("hyper_parameters"))
     results_path = Path(args.results) if args.results else checkpoint.parent.parent / "eval" / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else None
-    (out / "README.md").write_text(model_card(checkpoint, info, results, args.ema))
+    (out / "README.md").write_text(checkpoint_card(checkpoint, network.config.full_name, results, args.ema))
     print(
         f"exported {network.config.full_name} to {out} (encoder.jit, decoder.jit, autoencoder.jit, "
         "model.safetensors, config.json, README.md)"

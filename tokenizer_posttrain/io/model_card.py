@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 
 def model_card(checkpoint: Path, info: dict[str, Any], results: dict[str, Any] | None, ema: bool) -> str:
     """The README.md written next to the exported files."""
@@ -36,3 +38,19 @@ def model_card(checkpoint: Path, info: dict[str, Any], results: dict[str, Any] |
                 before = base.get(key)
                 lines.append(f"| {key} | {before if before is not None else '-'} | {value} |")
     return "\n".join(lines) + "\n"
+
+
+def checkpoint_card(
+    checkpoint: Path, model: str, results: dict[str, Any] | None, ema: bool, global_step: int | None = None
+) -> str:
+    """The model card of weights exported from ``checkpoint``: base model, what trained, data and clip and steps
+    are read from a training checkpoint's hyperparameters (``global_step`` overrides its step: an export made
+    at the end of a run can be newer than its last checkpoint). The one path the export command and the
+    posttrain workflow share."""
+    info: dict[str, Any] = {"model": model}
+    if checkpoint.suffix == ".ckpt" and checkpoint.is_file():
+        ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        info.update(global_step=ckpt.get("global_step"), hyper_parameters=ckpt.get("hyper_parameters"))
+    if global_step is not None:
+        info["global_step"] = global_step
+    return model_card(checkpoint, info, results, ema)

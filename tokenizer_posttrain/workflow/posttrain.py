@@ -19,7 +19,7 @@ from ..core.errors import DataError, UserError
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.layout import dataset_splits
 from ..io.checkpoint import read_weights, resolve_config
-from ..io.model_card import model_card
+from ..io.model_card import checkpoint_card
 from ..losses.perceptual import find_vgg16_weights
 from ..network.registry import TokenizerConfig
 from ..training.config import (
@@ -234,11 +234,8 @@ def posttrain(
     )
     print("[4/4] model card and summary", flush=True)
     (export_dir / "README.md").write_text(
-        model_card(
-            run_dir / "train" / "checkpoints" / "last.ckpt",
-            {"model": config.full_name, "global_step": steps},
-            after,
-            ema=False,
+        checkpoint_card(
+            run_dir / "train" / "checkpoints" / "last.ckpt", config.full_name, after, ema=False, global_step=steps
         )
     )
     summary = {
