@@ -105,3 +105,61 @@ def test_rng_states_travel_with_checkpoints() -> None:
     callback.on_load_checkpoint(None, None, checkpoint)  # type: ignore[arg-type]
     got = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
+
+
+def test_rng_states_are_plain_data_that_load_with_weights_only(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    from tokenizer_posttrain.training.checkpointing import RngState
+
+    random.seed(5)
+    random.gauss(0, 1)  # leaves a cached Gaussian in Python's state
+    np.random.seed(5)
+    np.random.randn()  # and in NumPy's
+    checkpoint: dict = {}
+    RngState().on_save_checkpoint(None, None, checkpoint)  # type: ignore[arg-type]
+    torch.save(checkpoint, tmp_path / "states.ckpt")
+    expected = (random.gauss(0, 1), random.random(), np.random.randn(), np.random.rand())
+    random.seed(1)
+    np.random.seed(1)
+    loaded = torch.load(tmp_path / "states.ckpt", weights_only=True)  # refuses anything that needs unpickling
+    RngState().on_load_checkpoint(None, None, loaded)  # type: ignore[arg-type]
+    assert (random.gauss(0, 1), random.random(), np.random.randn(), np.random.rand()) == expected
+
+
+class _Planted:
+    """Unpickling this writes a marker file: what a crafted checkpoint could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.write_text, (self.marker, "code ran"))
+
+
+def test_pickled_rng_states_are_refused_unless_allowed(tmp_path: Path) -> None:
+    import pickle
+    import random
+
+    from tokenizer_posttrain.core.errors import CheckpointError
+    from tokenizer_posttrain.training.checkpointing import RngState
+
+    marker = tmp_path / "marker"
+    planted = {"rng_states": {"python": pickle.dumps(_Planted(marker)), "numpy": b"", "torch": None, "cuda": []}}
+    with pytest.raises(CheckpointError, match="resume.allow_pickled_states=true"):
+        RngState().on_load_checkpoint(None, None, planted)  # type: ignore[arg-type]
+    assert not marker.exists()
+    # A checkpoint of an earlier release, written by the user: restored once they opt in.
+    import numpy as np
+
+    random.seed(7)
+    np.random.seed(7)
+    old = {"python": pickle.dumps(random.getstate()), "numpy": pickle.dumps(np.random.get_state())}
+    old.update(torch=torch.get_rng_state(), cuda=[])
+    expected = (random.random(), np.random.rand())
+    random.seed(0)
+    np.random.seed(0)
+    RngState(allow_pickled=True).on_load_checkpoint(None, None, {"rng_states": old})  # type: ignore[arg-type]
+    assert (random.random(), np.random.rand()) == expected

@@ -13,6 +13,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from ..core.errors import CheckpointError
 from ..core.files import atomic_path
 from .config import ResumeConfig
 
@@ -64,9 +65,18 @@ class PreemptionCheckpoint(pl.Callback):
 
 class RngState(pl.Callback):
     """Saves and restores the Python, NumPy and torch random states with every checkpoint, so a
-    resumed run draws the same random numbers (LoRA dropout, augmentation) as an uninterrupted one."""
+    resumed run draws the same random numbers (LoRA dropout, augmentation) as an uninterrupted one.
+
+    The states are stored as tensors, numbers and strings only: a checkpoint is loaded with
+    ``weights_only=True`` and nothing in it is unpickled. Checkpoints from earlier releases hold pickled
+    states; those are restored only with ``allow_pickled`` (``resume.allow_pickled_states=true``), since
+    unpickling can run code planted in the file.
+    """
 
     KEY = "rng_states"
+
+    def __init__(self, allow_pickled: bool = False) -> None:
+        self.allow_pickled = allow_pickled
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         import random
@@ -74,9 +84,17 @@ class RngState(pl.Callback):
         import numpy as np
         import torch
 
+        version, python_state, gauss = random.getstate()
+        kind, keys, position, has_gauss, cached = np.random.get_state()
         checkpoint[self.KEY] = {
-            "python": pickle.dumps(random.getstate()),
-            "numpy": pickle.dumps(np.random.get_state()),
+            "python": {"version": version, "state": torch.tensor(python_state, dtype=torch.int64), "gauss": gauss},
+            "numpy": {
+                "kind": kind,
+                "keys": torch.from_numpy(keys.astype(np.int64)),
+                "position": int(position),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached),
+            },
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         }
@@ -90,8 +108,27 @@ class RngState(pl.Callback):
         states = checkpoint.get(self.KEY)
         if not states:
             return
-        random.setstate(pickle.loads(states["python"]))
-        np.random.set_state(pickle.loads(states["numpy"]))
+        python, numpy_state = states["python"], states["numpy"]
+        if isinstance(python, bytes) or isinstance(numpy_state, bytes):
+            if not self.allow_pickled:
+                raise CheckpointError(
+                    "the checkpoint holds pickled random states (written before tokenizer-posttrain stored them as "
+                    "plain data); unpickling can run code planted in a file. If you wrote this checkpoint yourself, "
+                    "resume once with resume.allow_pickled_states=true (later checkpoints are plain data), or start "
+                    "a new run with another log.name"
+                )
+            python, numpy_state = pickle.loads(python), pickle.loads(numpy_state)
+        else:
+            python = (int(python["version"]), tuple(int(v) for v in python["state"].tolist()), python["gauss"])
+            numpy_state = (
+                str(numpy_state["kind"]),
+                numpy_state["keys"].numpy().astype(np.uint32),
+                int(numpy_state["position"]),
+                int(numpy_state["has_gauss"]),
+                float(numpy_state["cached_gaussian"]),
+            )
+        random.setstate(python)
+        np.random.set_state(numpy_state)
         torch.set_rng_state(states["torch"])
         if states["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(states["cuda"])

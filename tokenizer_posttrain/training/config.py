@@ -302,6 +302,9 @@ class ResumeConfig:
     False makes that an error."""
     resume_from_path: Optional[str] = None
     """Resume from this Lightning checkpoint instead."""
+    allow_pickled_states: bool = False
+    """Restore the pickled random states of checkpoints written by earlier releases (unpickling a file can run
+    code planted in it: only for checkpoints you wrote yourself)."""
 
 
 @dataclass

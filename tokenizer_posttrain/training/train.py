@@ -206,7 +206,7 @@ def train(
         LearningRateLogger(),
         ThroughputMonitor(),
         StepProgressBar(),
-        RngState(),
+        RngState(allow_pickled=resume.allow_pickled_states),
         HostStopAgreement(),
         *extra_callbacks,
     ]
