@@ -163,3 +163,38 @@ def test_pickled_rng_states_are_refused_unless_allowed(tmp_path: Path) -> None:
     np.random.seed(0)
     RngState(allow_pickled=True).on_load_checkpoint(None, None, {"rng_states": old})  # type: ignore[arg-type]
     assert (random.random(), np.random.rand()) == expected
+
+
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import lightning.fabric.plugins.io.torch_io as torch_io
+
+    from tests.training.conftest import tiny_run
+    from tokenizer_posttrain.core.errors import CheckpointError
+    from tokenizer_posttrain.training.resume import checkpoint_step
+    from tokenizer_posttrain.training.train import train
+
+    real_save = torch_io._atomic_save
+    saves: list[str] = []
+
+    def fill_the_disk(checkpoint: dict, path: str) -> None:  # the disk fills up at the third save
+        saves.append(str(path))
+        if len(saves) < 3:
+            return real_save(checkpoint, path)
+        Path(path).write_bytes(b"\0" * 4096)  # what was written before the disk filled
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch_io, "_atomic_save", fill_the_disk)
+    with pytest.raises(CheckpointError) as err:
+        train(**tiny_run(tmp_path, steps=5, trainer={"checkpoint_every_n_steps": 1, "checkpoint_keep": 1}))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"no space left to write {tmp_path / 'run' / 'checkpoints'}")
+    assert "bytes, " in message and "are free; the previous checkpoint is kept" in message
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "step=1.ckpt"]  # no partial file left
+    assert checkpoint_step(ckpts / "last.ckpt") == 1
+    assert not (tmp_path / "run" / ".run.lock").exists()

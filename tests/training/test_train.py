@@ -101,3 +101,57 @@ def test_synthetic_runs_need_no_video_stack() -> None:
     result = run_script("-c", code, cwd=Path.cwd(), timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "SyntheticVideoDataModule"
+
+
+def test_every_launch_problem_is_reported_at_once(tmp_path: Path) -> None:
+    from tests.conftest import reference_weights
+    from tests.training.conftest import tiny_run
+    from tokenizer_posttrain.losses.perceptual import PerceptualConfig
+    from tokenizer_posttrain.training.train import LaunchProblems, train
+
+    configs = tiny_run(
+        tmp_path,
+        model={"jit_ckpt_pth": str(reference_weights("DV8x16x16"))},  # a DV checkpoint for a CV model
+        data={"frames": 10, "global_batch_size": 3, "micro_batch_size": 2},
+        loss={"perceptual_weight": None, "perceptual": PerceptualConfig(weights_path=str(tmp_path / "missing.pth"))},
+    )
+    with pytest.raises(LaunchProblems) as err:
+        train(**configs)
+    message = str(err.value)
+    assert message.startswith("4 problems stop this launch:")
+    for expected in ("data.frames=10", "data.global_batch_size=3", "missing.pth", "DV8x16x16"):
+        assert expected in message, (expected, message)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_stop_for_nan_steps_names_the_checkpoint_from_before_them(tmp_path: Path) -> None:
+    from tests.training.test_resume import save_ckpt
+    from tokenizer_posttrain.training.step_guard import NonFiniteLossError
+    from tokenizer_posttrain.training.train import _stopped_for_bad_steps
+
+    stop = NonFiniteLossError("raw", first=7, last=9)
+    assert "No checkpoint was written before step 7" in str(_stopped_for_bad_steps(stop, tmp_path, 3))
+    for step in (4, 6, 8):  # step=8 holds the weights that gave the first NaN (at step 7)
+        save_ckpt(tmp_path / f"step={step}.ckpt", step)
+    save_ckpt(tmp_path / "last.ckpt", 8)
+    message = str(_stopped_for_bad_steps(stop, tmp_path, 3))
+    assert message.startswith("3 steps in a row (steps 7-9) had a NaN/Inf loss or gradient (trainer.max_bad_steps=3)")
+    assert f"The newest checkpoint from before them is {tmp_path / 'step=6.ckpt'} (step 6)" in message
+    assert f"resume.resume_from_path={tmp_path / 'step=6.ckpt'}" in message
+    assert f"a plain relaunch would resume {tmp_path / 'last.ckpt'}" in message
+    assert "\n" not in message
+
+
+def test_lr_1e10_stops_with_one_line_naming_the_steps(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    proc = run_cli(
+        "--factory", "tiny", "data.frames=9", "data.height=32", "data.width=32", "optim.lr=1e10",
+        "trainer.max_bad_steps=2", "trainer.max_steps=20", "log.export_on_end=false", f"log.log_dir={tmp_path}",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 2 steps in a row (steps "), last
+    assert "Traceback" not in proc.stderr and "No checkpoint was written before step" in last
+    assert not list(tmp_path.glob("*/export"))

@@ -1,9 +1,11 @@
-"""Checkpoints of a run: written atomically, every N steps and on preemption, with the RNG states, and
-found again on resume."""
+"""Checkpoints of a run: written atomically, every N steps, at the last step and on preemption, with the RNG
+states (what a launch resumes from is :mod:`.resume`'s job)."""
 
 from __future__ import annotations
 
+import errno
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..core.errors import CheckpointError
 from ..core.files import atomic_path
-from .config import ResumeConfig
-
-LAST_CKPT = "last.ckpt"
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -25,8 +24,30 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     never leaves a truncated file under the name resume will read."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        with atomic_path(path) as tmp:
-            super().save_checkpoint(checkpoint, tmp, storage_options)
+        try:
+            with atomic_path(path) as tmp:
+                super().save_checkpoint(checkpoint, tmp, storage_options)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # atomic_path removed the partial file: the previous checkpoint is intact and the next launch finds it.
+            free = shutil.disk_usage(Path(path).parent).free
+            raise CheckpointError(
+                f"no space left to write {path}: it needs about {_tensor_bytes(checkpoint):,} bytes, "
+                f"{free:,} are free; the previous checkpoint is kept. Free some space (or set "
+                "trainer.checkpoint_keep lower) and run the same command again to resume"
+            ) from None
+
+
+def _tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in a (nested) checkpoint: about the size of its file."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
 
 
 def checkpoint_callback(ckpt_dir: Path, every_n_steps: int, keep: int) -> ModelCheckpoint:
@@ -43,6 +64,19 @@ def checkpoint_callback(ckpt_dir: Path, every_n_steps: int, keep: int) -> ModelC
         enable_version_counter=False,
         auto_insert_metric_name=True,
     )
+
+
+class FinalCheckpoint(pl.Callback):
+    """``last.ckpt`` at the step training ended on, so a run's newest checkpoint and its export hold the same
+    step (the step checkpoints come only every ``trainer.checkpoint_every_n_steps``)."""
+
+    def __init__(self, path: Path, periodic: ModelCheckpoint) -> None:
+        self.path = Path(path)
+        self.periodic = periodic
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step > 0 and self.periodic._last_global_step_saved != trainer.global_step:
+            trainer.save_checkpoint(str(self.path))
 
 
 class PreemptionCheckpoint(pl.Callback):
@@ -132,30 +166,3 @@ class RngState(pl.Callback):
         torch.set_rng_state(states["torch"])
         if states["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def find_resume_checkpoint(ckpt_dir: Path, resume: ResumeConfig) -> str | None:
-    """The explicit ``resume.resume_from_path``, else the newest of ``last.ckpt`` and ``step=N.ckpt``
-    (a kill between writing ``step=N.ckpt`` and ``last.ckpt`` must not lose that step)."""
-    if resume.resume_from_path:
-        path = Path(resume.resume_from_path)
-        if not path.is_file():
-            raise FileNotFoundError(f"resume.resume_from_path={path} does not exist")
-        return str(path)
-    if not resume.resume_if_exists or not ckpt_dir.is_dir():
-        return None
-    candidates = [
-        (int(p.stem.split("=", 1)[1]), 0, str(p))
-        for p in ckpt_dir.glob("step=*.ckpt")
-        if p.stem.split("=", 1)[1].isdigit()
-    ]
-    last = ckpt_dir / LAST_CKPT
-    if last.is_file():  # preferred at equal steps
-        candidates.append((checkpoint_step(str(last)), 1, str(last)))
-    return max(candidates)[2] if candidates else None
-
-
-def checkpoint_step(path: str) -> int:
-    """The optimizer step a checkpoint was written at (read without loading its tensors)."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    return int(ckpt.get("global_step", 0))

@@ -298,10 +298,13 @@ class ResumeConfig:
     resume_if_exists: bool = True
     """Resume from <run>/checkpoints/last.ckpt when it exists."""
     resume_past_end: bool = True
-    """Allow resuming a run that already reached trainer.max_steps (it then ends at once);
-    False makes that an error."""
+    """A relaunch of a run that already reached trainer.max_steps says so and ends at once, exit code 0, without
+    training or exporting again; False makes that an error (exit 1)."""
     resume_from_path: Optional[str] = None
     """Resume from this Lightning checkpoint instead."""
+    allow_changes: bool = False
+    """Resume even when the checkpoint was written with other model, data or loss settings (by default
+    such a launch stops and lists the differences)."""
     allow_pickled_states: bool = False
     """Restore the pickled random states of checkpoints written by earlier releases (unpickling a file can run
     code planted in it: only for checkpoints you wrote yourself)."""

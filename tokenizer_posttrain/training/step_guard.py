@@ -18,7 +18,11 @@ from ..core.errors import UserError
 
 
 class NonFiniteLossError(UserError, RuntimeError):
-    """Too many optimizer steps in a row had a NaN/Inf loss or gradient."""
+    """Too many optimizer steps in a row had a NaN/Inf loss or gradient: steps ``first`` to ``last``."""
+
+    def __init__(self, message: str, first: int = 0, last: int = 0) -> None:
+        super().__init__(message)
+        self.first, self.last = first, last
 
 
 @dataclass
@@ -91,6 +95,7 @@ class NonFiniteSteps:
     def __init__(self, max_in_a_row: int) -> None:
         self.max_in_a_row = max_in_a_row
         self.in_a_row = 0
+        self.first_bad = 0
 
     def check(self, step: int, norm: float) -> bool:
         """Whether step ``step`` (gradient norm ``norm``) is skipped; raises :class:`NonFiniteLossError`
@@ -99,12 +104,17 @@ class NonFiniteSteps:
             self.in_a_row = 0
             return False
         self.in_a_row += 1
+        if self.in_a_row == 1:
+            self.first_bad = step
         warnings.warn(f"step {step}: gradient norm is {norm}; step skipped ({self.in_a_row} in a row)", stacklevel=2)
         if self.in_a_row >= self.max_in_a_row:
+            # The run folder's checkpoints are named by the training entry, which rewrites this message.
             raise NonFiniteLossError(
-                f"{self.in_a_row} steps in a row had a NaN/Inf loss or gradient (trainer.max_bad_steps="
-                f"{self.max_in_a_row}); stopping. The newest checkpoint is from before them: lower optim.lr, "
-                "check the data (python -m data_tools check) or use trainer.precision=32-true, then resume."
+                f"{self.in_a_row} steps in a row (steps {self.first_bad}-{step}) had a NaN/Inf loss or gradient "
+                f"(trainer.max_bad_steps="
+                f"{self.max_in_a_row}); stopped",
+                first=self.first_bad,
+                last=step,
             )
         return True
 

@@ -4,25 +4,27 @@ import os
 import signal
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import EMAWeightAveraging
+from lightning.pytorch.utilities import rank_zero_only
 
+from ..core.errors import UserError
 from ..data.fake import SyntheticVideoDataModule
+from ..losses.loss import build_loss
 from ..network.registry import get_config
 from .acceleration import ddp_strategy, resolve_compile
 from .checkpointing import (
-    LAST_CKPT,
     AtomicCheckpointIO,
+    FinalCheckpoint,
     PreemptionCheckpoint,
     RngState,
     checkpoint_callback,
-    checkpoint_step,
-    find_resume_checkpoint,
 )
 from .config import DataConfig, LogConfig, LossConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
 from .module import TokenizerModel
@@ -35,7 +37,20 @@ from .monitoring import (
     ThroughputMonitor,
     loggers,
 )
+from .resume import (
+    LAST_CKPT,
+    check_same_run,
+    checkpoint_step,
+    current_settings,
+    find_resume_checkpoint,
+    readable_checkpoints,
+    remove_partial_saves,
+)
+from .run_lock import RunLock
+from .step_guard import NonFiniteLossError
 from .stop_signal import HostStopAgreement
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -158,6 +173,61 @@ def _forward_sigusr1_as_sigterm() -> None:
         signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
 
 
+class LaunchProblems(UserError):
+    """Everything that stops a launch, found before any work and reported at once."""
+
+
+class _Problems:
+    """Collects the failures of independent launch checks, so one launch reports them all."""
+
+    def __init__(self) -> None:
+        self.found: list[Exception] = []
+
+    def check(self, fn: Callable[[], T]) -> T | None:
+        try:
+            return fn()
+        except (UserError, ValueError, OSError) as err:
+            if str(err) not in map(str, self.found):  # a later check may meet an earlier one's problem again
+                self.found.append(err)
+            return None
+
+    def raise_any(self) -> None:
+        if len(self.found) == 1:
+            raise self.found[0]
+        if self.found:
+            raise LaunchProblems(
+                f"{len(self.found)} problems stop this launch:\n" + "\n".join(f"  - {p}" for p in self.found)
+            )
+
+
+def _stopped_for_bad_steps(stop: NonFiniteLossError, ckpt_dir: Path, max_bad_steps: int) -> NonFiniteLossError:
+    """The stop for NaN/Inf steps, naming the checkpoint that holds the last good weights: the newest written
+    before the first bad step (skipped steps leave the weights alone, so a checkpoint written during the bad
+    steps holds the weights that gave the first NaN)."""
+    saved = readable_checkpoints(ckpt_dir)
+    good = [(step, path) for step, path in saved if step < stop.first]
+    if good:
+        step, path = good[0]
+        where = (
+            f"The newest checkpoint from before them is {path} (step {step}): lower optim.lr (or check the data "
+            "with python -m data_tools check, or use trainer.precision=32-true) and resume from it with "
+            f"resume.resume_from_path={path}"
+        )
+        if saved[0][0] > step:
+            where += f" (a plain relaunch would resume {saved[0][1]}, written during the bad steps)"
+    else:
+        where = (
+            f"No checkpoint was written before step {stop.first}: lower optim.lr (or check the data with "
+            "python -m data_tools check) and start a new run with another log.name"
+        )
+    return NonFiniteLossError(
+        f"{max_bad_steps} steps in a row (steps {stop.first}-{stop.last}) had a NaN/Inf loss or gradient "
+        f"(trainer.max_bad_steps={max_bad_steps}); stopped. {where}",
+        first=stop.first,
+        last=stop.last,
+    )
+
+
 def train(
     model: ModelConfig,
     data: DataConfig,
@@ -172,33 +242,76 @@ def train(
 
     ``extra_callbacks`` join the run's own (benchmarks add a profiler this way).
     """
-    started = time.time()
-    check_clip_shape(model, data)
-    par = resolve_parallelism(trainer, data)
-    model = resolve_compile(model, par.accelerator)
-    check_data(data, par.world_size, trainer.seed)
     run_dir = Path(log.log_dir) / log.name
+    # One launch per run folder; only rank 0 takes the lock (the other ranks are the same launch).
+    lock = RunLock(run_dir) if rank_zero_only.rank == 0 else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        return _train(model, data, trainer, optim, resume, log, loss, extra_callbacks, run_dir)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(
+    model: ModelConfig,
+    data: DataConfig,
+    trainer: TrainerConfig,
+    optim: OptimConfig,
+    resume: ResumeConfig,
+    log: LogConfig,
+    loss: LossConfig,
+    extra_callbacks: Sequence[pl.Callback],
+    run_dir: Path,
+) -> Path:
+    started = time.time()
     ckpt_dir = run_dir / "checkpoints"
-    ckpt_path = find_resume_checkpoint(ckpt_dir, resume)
+    if rank_zero_only.rank == 0:
+        remove_partial_saves(ckpt_dir)
+    problems = _Problems()
+    ckpt_path = problems.check(lambda: find_resume_checkpoint(ckpt_dir, resume))
     if ckpt_path and trainer.max_steps > 0:
         done = checkpoint_step(ckpt_path)
-        if done >= trainer.max_steps and not resume.resume_past_end:
-            raise ValueError(
-                f"{ckpt_path} already reached step {done} >= trainer.max_steps="
-                f"{trainer.max_steps}; raise trainer.max_steps or set resume.resume_past_end=true"
+        if done >= trainer.max_steps:
+            if not resume.resume_past_end:
+                raise ValueError(
+                    f"{ckpt_path} already reached step {done} >= trainer.max_steps={trainer.max_steps}; "
+                    "raise trainer.max_steps or start a new run with another log.name"
+                )
+            print(
+                f"Nothing to do: {ckpt_path} is at step {done}, trainer.max_steps={trainer.max_steps}; raise "
+                "trainer.max_steps to train on, or start a new run with another log.name (the run folder is left "
+                f"as it is; to export this checkpoint again: python -m tokenizer_posttrain export --checkpoint "
+                f"{ckpt_path} --out DIR)",
+                flush=True,
             )
-
+            return run_dir
+    if ckpt_path and not resume.allow_changes:
+        problems.check(lambda: check_same_run(ckpt_path, current_settings(model, data, loss)))
+    problems.check(lambda: check_clip_shape(model, data))
+    par = problems.check(lambda: resolve_parallelism(trainer, data))
+    model = resolve_compile(model, par.accelerator if par else "cpu")
+    problems.check(lambda: check_data(data, par.world_size if par else 1, trainer.seed))
     pl.seed_everything(trainer.seed, workers=True, verbose=False)
-    module = TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)
-    module.hparams["data"] = asdict(data)  # for the model card of the export
+    problems.check(lambda: build_loss(loss))  # its weight files, on their own: the module stops at the first
+    # Built before the verdict: it loads the checkpoint (its fit).
+    module = problems.check(
+        lambda: TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)
+    )
+    problems.raise_any()
+    assert par is not None and module is not None
+    module.hparams["data"] = asdict(data)  # for the model card of the export and the check on resume
     datamodule = build_datamodule(data, model, trainer.seed)
     limit_val_batches = trainer.limit_val_batches
     if data.path is not None and not datamodule.has_validation:
         warnings.warn(f"{data.path} has no val split: validation is off", stacklevel=2)
         limit_val_batches = 0
     summary = RunSummary()
+    periodic = checkpoint_callback(ckpt_dir, trainer.checkpoint_every_n_steps, trainer.checkpoint_keep)
     callbacks = [
-        checkpoint_callback(ckpt_dir, trainer.checkpoint_every_n_steps, trainer.checkpoint_keep),
+        periodic,
+        FinalCheckpoint(ckpt_dir / LAST_CKPT, periodic),
         PreemptionCheckpoint(ckpt_dir / LAST_CKPT),
         summary,
         SkippedSamples(data.max_skip_fraction),
@@ -240,7 +353,11 @@ def train(
     if ckpt_path:
         print(f"Resuming from {ckpt_path}", flush=True)
     _forward_sigusr1_as_sigterm()
-    lightning_trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    try:
+        # weights_only: Lightning would otherwise unpickle the whole file, running any code planted in it.
+        lightning_trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    except NonFiniteLossError as stop:
+        raise _stopped_for_bad_steps(stop, ckpt_dir, trainer.max_bad_steps) from None
 
     if lightning_trainer.is_global_zero:
         export_dir = None

@@ -1,0 +1,136 @@
+"""What a launch resumes from: the newest readable checkpoint, of the same run, and nothing when the run is done."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.training.conftest import tiny_run
+from tokenizer_posttrain.core.errors import CheckpointError
+from tokenizer_posttrain.training.config import ResumeConfig
+from tokenizer_posttrain.training.resume import (
+    SettingsChanged,
+    check_same_run,
+    checkpoint_step,
+    current_settings,
+    find_resume_checkpoint,
+    remove_partial_saves,
+)
+from tokenizer_posttrain.training.train import train
+
+
+def save_ckpt(path: Path, step: int, **extra: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {"w": torch.zeros(64, 64)}, "global_step": step, **extra}, path)
+    return path
+
+
+def truncate(path: Path, fraction: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * fraction)])
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_next_with_a_warning(tmp_path: Path) -> None:
+    save_ckpt(tmp_path / "step=4.ckpt", 4)
+    save_ckpt(tmp_path / "step=6.ckpt", 6)
+    truncate(save_ckpt(tmp_path / "last.ckpt", 7))
+    with pytest.warns(UserWarning, match=r"unreadable checkpoint: .*last\.ckpt cannot be read as a checkpoint"):
+        assert find_resume_checkpoint(tmp_path, ResumeConfig()) == str(tmp_path / "step=6.ckpt")
+
+
+def test_last_ckpt_wins_at_equal_steps_and_a_newer_step_file_wins_over_it(tmp_path: Path) -> None:
+    save_ckpt(tmp_path / "step=6.ckpt", 6)
+    save_ckpt(tmp_path / "last.ckpt", 6)
+    assert find_resume_checkpoint(tmp_path, ResumeConfig()) == str(tmp_path / "last.ckpt")
+    save_ckpt(tmp_path / "step=8.ckpt", 8)  # killed between the step file and last.ckpt
+    assert find_resume_checkpoint(tmp_path, ResumeConfig()) == str(tmp_path / "step=8.ckpt")
+
+
+def test_only_unreadable_checkpoints_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "last.ckpt").write_bytes(b"not a zip")
+    with pytest.warns(UserWarning), pytest.raises(CheckpointError, match="no checkpoint in .* can be read"):
+        find_resume_checkpoint(tmp_path, ResumeConfig())
+
+
+def test_an_explicit_unreadable_checkpoint_is_named(tmp_path: Path) -> None:
+    truncate(save_ckpt(tmp_path / "mine.ckpt", 3))
+    with pytest.raises(CheckpointError, match=r"mine\.ckpt cannot be read as a checkpoint"):
+        find_resume_checkpoint(tmp_path, ResumeConfig(resume_from_path=str(tmp_path / "mine.ckpt")))
+    torch.save({"weights": torch.zeros(1)}, tmp_path / "other.ckpt")
+    with pytest.raises(CheckpointError, match="not a training checkpoint"):
+        checkpoint_step(tmp_path / "other.ckpt")
+
+
+def test_partial_saves_are_removed(tmp_path: Path) -> None:
+    save_ckpt(tmp_path / "last.ckpt", 2)
+    (tmp_path / ".last.ckpt.tmp").write_bytes(b"x" * 100)
+    (tmp_path / ".step=4.ckpt.tmp").write_bytes(b"x")
+    with pytest.warns(UserWarning, match="removed 2 partial"):
+        removed = remove_partial_saves(tmp_path)
+    assert sorted(p.name for p in removed) == [".last.ckpt.tmp", ".step=4.ckpt.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_settings_that_define_the_run_are_compared_and_others_not(tmp_path: Path) -> None:
+    run = tiny_run(tmp_path)
+    saved = {"model": run["model"], "data": run["data"], "loss": run["loss"]}
+    from dataclasses import asdict
+
+    path = save_ckpt(tmp_path / "last.ckpt", 2, hyper_parameters={k: asdict(v) for k, v in saved.items()})
+    same = tiny_run(tmp_path, model={"model": "Cosmos-1.0-Tokenizer-CV8x8x8", "compile": True}, data={"num_workers": 3})
+    check_same_run(str(path), current_settings(same["model"], same["data"], same["loss"]))
+    other = tiny_run(tmp_path, model={"trainable": "decoder", "lora": {"rank": 4}}, data={"frames": 17})
+    other["model"].lora = type(other["model"].lora)(rank=4)
+    with pytest.raises(SettingsChanged) as err:
+        check_same_run(str(path), current_settings(other["model"], other["data"], other["loss"]))
+    message = str(err.value)
+    for change in ("model.trainable: 'all' -> 'decoder'", "model.lora.rank: 0 -> 4", "data.frames: 9 -> 17"):
+        assert change in message
+    assert "log.name=" in message and "resume.allow_changes=true" in message and "\n" not in message
+
+
+def test_relaunches_end_to_end(tmp_path: Path) -> None:
+    """A finished run is left alone; other settings stop the launch; last.ckpt is at the final step."""
+    run_dir = train(**tiny_run(tmp_path, steps=3, log={"export_on_end": True}, trainer={"checkpoint_every_n_steps": 2}))
+    ckpts = run_dir / "checkpoints"
+    assert checkpoint_step(ckpts / "last.ckpt") == 3  # not 2, the last periodic save
+    export = run_dir / "export" / "autoencoder.jit"
+    before = export.stat().st_mtime_ns
+    (ckpts / ".last.ckpt.tmp").write_bytes(b"partial")
+
+    # Same command again: nothing to train, nothing re-exported.
+    with pytest.warns(UserWarning, match="partial"):
+        assert train(**tiny_run(tmp_path, steps=3, log={"export_on_end": True})) == run_dir
+    assert export.stat().st_mtime_ns == before
+    assert not (ckpts / ".last.ckpt.tmp").exists()
+
+    # More steps with another clip and loss: refused before any work, listing both.
+    changed = tiny_run(tmp_path, steps=5, data={"height": 16}, loss={"perceptual_weight": 0.0, "l1_weight": 2.0})
+    with pytest.raises(SettingsChanged, match=r"data\.height: 32 -> 16; loss\.l1\.weight: 1\.0 -> 2\.0"):
+        train(**changed)
+    assert checkpoint_step(ckpts / "last.ckpt") == 3
+
+    # Asked for explicitly, the changed run resumes.
+    changed["resume"] = ResumeConfig(allow_changes=True)
+    train(**changed)
+    assert checkpoint_step(ckpts / "last.ckpt") == 5
+    assert not (run_dir / ".run.lock").exists()
+
+
+def test_a_finished_run_is_an_error_when_resume_past_end_is_off(tmp_path: Path) -> None:
+    save_ckpt(tmp_path / "run" / "checkpoints" / "last.ckpt", 3)
+    with pytest.raises(ValueError, match="already reached step 3"):
+        train(**tiny_run(tmp_path, steps=3, resume={"resume_past_end": False}))
+
+
+def test_a_live_run_in_the_folder_stops_the_launch(tmp_path: Path) -> None:
+    from tests.training.test_run_lock import plant_lock
+    from tokenizer_posttrain.training.run_lock import RunFolderBusy
+
+    plant_lock(tmp_path / "run", pid=os.getppid())  # alive: the process that started these tests
+    with pytest.raises(RunFolderBusy, match=f"PID {os.getppid()}"):
+        train(**tiny_run(tmp_path))
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -1,0 +1,160 @@
+"""What a launch resumes from: the newest readable checkpoint of the run folder, checked to belong to the run
+that is being launched."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.errors import CheckpointError, UserError
+from ..network.registry import resolve_name
+from .config import DataConfig, LossConfig, ModelConfig, ResumeConfig
+
+LAST_CKPT = "last.ckpt"
+
+
+class SettingsChanged(UserError):
+    """The checkpoint to resume was written by a run with other defining settings."""
+
+
+def read_checkpoint_header(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's top-level entries, its tensors memory-mapped (not read); :class:`CheckpointError` naming
+    the file when it is truncated, not a checkpoint, or holds anything but plain data."""
+    try:
+        ckpt = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, EOFError, ... for bad files
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path} cannot be read as a checkpoint ({reason})") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise CheckpointError(f"{path} is not a training checkpoint of this app (no state_dict)")
+    return ckpt
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The optimizer step a checkpoint was written at (read without loading its tensors)."""
+    return int(read_checkpoint_header(path).get("global_step", 0))
+
+
+def remove_partial_saves(ckpt_dir: Path) -> list[Path]:
+    """Delete the temporary files of saves that were interrupted (``.NAME.tmp``); only while this launch holds
+    the run folder's lock, since a live run's save in progress looks the same."""
+    removed = []
+    if ckpt_dir.is_dir():
+        for tmp in ckpt_dir.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    if removed:
+        warnings.warn(f"removed {len(removed)} partial file(s) of interrupted saves in {ckpt_dir}", stacklevel=2)
+    return removed
+
+
+def _candidates(ckpt_dir: Path) -> list[Path]:
+    """``last.ckpt`` and ``step=N.ckpt``, newest first by file name (``last.ckpt`` first); their real steps are
+    read when they are opened."""
+    steps = sorted(
+        (p for p in ckpt_dir.glob("step=*.ckpt") if p.stem.split("=", 1)[1].isdigit()),
+        key=lambda p: int(p.stem.split("=", 1)[1]),
+        reverse=True,
+    )
+    last = ckpt_dir / LAST_CKPT
+    return ([last] if last.is_file() else []) + steps
+
+
+def readable_checkpoints(ckpt_dir: Path) -> list[tuple[int, str]]:
+    """``(step, path)`` of every checkpoint of ``ckpt_dir`` that can be read, newest first (``last.ckpt`` before a
+    ``step=N.ckpt`` of the same step); one that cannot (truncated, not a checkpoint) is named in a warning."""
+    found = []
+    for path in _candidates(ckpt_dir) if ckpt_dir.is_dir() else []:
+        try:
+            found.append((checkpoint_step(path), int(path.name == LAST_CKPT), str(path)))
+        except CheckpointError as err:
+            warnings.warn(f"skipping an unreadable checkpoint: {err}", stacklevel=2)
+    return [(step, path) for step, _, path in sorted(found, reverse=True)]
+
+
+def find_resume_checkpoint(ckpt_dir: Path, resume: ResumeConfig) -> str | None:
+    """The explicit ``resume.resume_from_path``, else the newest readable of ``last.ckpt`` and ``step=N.ckpt``
+    (a kill between writing ``step=N.ckpt`` and ``last.ckpt`` must not lose that step). A checkpoint that cannot
+    be read (truncated, not a checkpoint) is named in a warning and the next newest is taken."""
+    if resume.resume_from_path:
+        path = Path(resume.resume_from_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"resume.resume_from_path={path} does not exist")
+        read_checkpoint_header(path)
+        return str(path)
+    if not resume.resume_if_exists or not ckpt_dir.is_dir():
+        return None
+    found = readable_checkpoints(ckpt_dir)
+    if not found and _candidates(ckpt_dir):
+        raise CheckpointError(
+            f"no checkpoint in {ckpt_dir} can be read (see the warnings above); move them away to start over, "
+            "or start a new run with another log.name"
+        )
+    return found[0][1] if found else None
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _flatten(f"{prefix}.{key}", inner, out)
+    else:
+        out[prefix] = value
+
+
+# What defines a run: changing one of these on resume trains something else than the checkpoint's run.
+# Speed switches (compile, CUDA graphs, ...), batch layout, logging and max_steps may change.
+_MODEL_KEYS = ("model", "jit_ckpt_pth", "channels", "trainable", "lora", "ema_decay")
+_DATA_KEYS = ("path", "frames", "height", "width", "resize_short_side", "aspect_buckets", "hflip")
+_LOSS_IGNORED = {"weights_path", "frame_chunk", "l1_weight", "perceptual_weight"}
+
+
+def defining_settings(hparams: dict[str, Any]) -> dict[str, Any]:
+    """The run-defining settings of a module's hyperparameters (``model``, ``data``, ``loss`` as saved), by
+    dotted override key."""
+    out: dict[str, Any] = {}
+    model, data, loss = (hparams.get(group) or {} for group in ("model", "data", "loss"))
+    for key in _MODEL_KEYS:
+        if key in model:
+            _flatten(f"model.{key}", model[key], out)
+    for key in _DATA_KEYS:
+        if key in data:
+            out[f"data.{key}"] = data[key]
+    flat_loss: dict[str, Any] = {}
+    _flatten("loss", loss, flat_loss)
+    out.update({k: v for k, v in flat_loss.items() if k.rsplit(".", 1)[-1] not in _LOSS_IGNORED})
+    if isinstance(out.get("model.model"), str):
+        try:
+            out["model.model"] = resolve_name(out["model.model"])
+        except ValueError:
+            pass
+    for key in ("model.jit_ckpt_pth", "data.path"):
+        if isinstance(out.get(key), str):
+            out[key] = os.path.normpath(out[key])
+    return out
+
+
+def current_settings(model: ModelConfig, data: DataConfig, loss: LossConfig) -> dict[str, Any]:
+    """:func:`defining_settings` of the run being launched."""
+    return defining_settings({"model": asdict(model), "data": asdict(data), "loss": asdict(loss)})
+
+
+def settings_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``key: saved -> now`` for every defining setting both record with different values (settings that an
+    older checkpoint did not record are not compared)."""
+    return [f"{key}: {saved[key]!r} -> {now[key]!r}" for key in now if key in saved and saved[key] != now[key]]
+
+
+def check_same_run(ckpt_path: str, now: dict[str, Any]) -> None:
+    """Refuse to resume ``ckpt_path`` when it was written with other defining settings."""
+    header = read_checkpoint_header(ckpt_path)
+    changes = settings_changes(defining_settings(header.get("hyper_parameters") or {}), now)
+    if changes:
+        raise SettingsChanged(
+            f"{ckpt_path} was written by a run with other settings ({'; '.join(changes)}); start a new run "
+            "with another log.name=..., or resume with these changes anyway with resume.allow_changes=true"
+        )
