@@ -119,18 +119,24 @@ def test_anything_but_the_known_classes_is_refused_naming_the_field(
 def test_a_state_of_another_format_or_entry_type_is_refused(dataset: Path) -> None:
     with pytest.raises(CheckpointError, match=r"energon_loader_state .*expected format .*found 'other/1'"):
         datamodule(dataset).load_state_dict({FIELD: {"format": "other/1", "state": None}})
+    with pytest.raises(CheckpointError, match=r"state is not a list of one SavableDataLoaderState \(or None\) per"):
+        datamodule(dataset).load_state_dict({FIELD: to_plain({"rank0": None})})
     with pytest.raises(CheckpointError, match=r"EnergonVideoDataModule entry is a bytes, not the state"):
         datamodule(dataset).load_state_dict(b"\x80\x04.")  # type: ignore[arg-type]
 
 
 def test_numpy_arrays_and_scalars_come_back_exactly() -> None:
+    from megatron.energon.savable_loader import SavableDataLoaderState
     from megatron.energon.state import FlexState
 
-    state = [FlexState(keys=np.arange(5, dtype=np.uint32), n=np.int64(7), pair=(1, "a"), raw=b"\x00\x01")]
-    (back,) = from_plain(through_a_file({"s": to_plain(state)})["s"], FIELD)
+    worker = FlexState(keys=np.arange(5, dtype=np.uint32), n=np.int64(7), pair=(1, "a"), raw=b"\x00\x01")
+    state = [SavableDataLoaderState(worker_states=[worker], next_worker_id=0, micro_batch_size=1)]
+    (rank,) = from_plain(through_a_file({"s": to_plain(state)})["s"], FIELD)
+    (back,) = rank.worker_states
     assert type(back) is FlexState and back["keys"].dtype == np.uint32 and back["keys"].tolist() == [0, 1, 2, 3, 4]
     assert type(back["n"]) is np.int64 and back["n"] == 7
     assert back["pair"] == (1, "a") and back["raw"] == b"\x00\x01"
+    assert (rank.next_worker_id, rank.micro_batch_size) == (0, 1)
 
 
 def test_an_unknown_object_is_never_stored_silently() -> None:

@@ -105,7 +105,12 @@ def from_plain(data: Any, field: str) -> Any:
             f"the checkpoint's {field} is not a loader state tokenizer-posttrain wrote (expected format "
             f"{FORMAT!r}, found {found!r}); resume from another checkpoint, or start a new run with another log.name"
         )
-    return _decode(data["state"], field, "state", 0)
+    state = _decode(data["state"], field, "state", 0)
+    if state is not None and not (
+        type(state) is list and all(s is None or type(s) is SavableDataLoaderState for s in state)
+    ):
+        raise _refuse(field, "state", "is not a list of one SavableDataLoaderState (or None) per rank")
+    return state
 
 
 def _refuse(field: str, where: str, problem: str) -> CheckpointError:
@@ -136,9 +141,10 @@ def _decode(value: Any, field: str, where: str, depth: int) -> Any:
         for key, item in items:
             key = _decode(key, field, f"{where} key", depth + 1)
             try:
-                out[key] = _decode(item, field, f"{where}[{key!r}]", depth + 1)
-            except TypeError:  # an unhashable key
-                raise _refuse(field, where, f"has a key of type {type(key).__name__}") from None
+                hash(key)
+            except TypeError:
+                raise _refuse(field, where, f"has an unhashable key of type {type(key).__name__}") from None
+            out[key] = _decode(item, field, f"{where}[{key!r}]", depth + 1)
         return out
     if kind in CLASSES:
         return _decode_dataclass(CLASSES[kind], value.get("fields"), field, where, depth)
