@@ -96,3 +96,63 @@ def test_unknown_layout_names_the_closest_model(tmp_path: Path) -> None:
 def test_missing_path() -> None:
     with pytest.raises(CheckpointError, match="does not exist"):
         load_tokenizer("/no/such/checkpoint.jit")
+
+
+class _Planted:
+    """Unpickling this writes a marker file: what a crafted checkpoint could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.write_text, (self.marker, "code ran"))
+
+
+def _training_checkpoint(**entries: object) -> dict:
+    net = build_tokenizer("CV8x8x8", channels=16)
+    state = {f"network.{k}": v for k, v in net.state_dict().items()}
+    return {"state_dict": state, "tokenizer_config": net.config.to_dict(), "global_step": 3, **entries}
+
+
+def test_a_checkpoint_holding_an_object_is_refused_in_one_line(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    torch.save(_training_checkpoint(hyper_parameters={"model": _Planted(marker)}), tmp_path / "last.ckpt")
+    with pytest.raises(CheckpointError) as refused:
+        load_tokenizer(tmp_path / "last.ckpt")
+    message = str(refused.value)
+    assert message.startswith(f"refusing to load {tmp_path / 'last.ckpt'}: it holds a pickled Python object")
+    assert "truncated" not in message and "\n" not in message
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("entries", "named"),
+    [
+        ({"hyper_parameters": b"\x80\x04."}, "entry hyper_parameters is of type bytes, expected dict"),
+        ({"hyper_parameters": {"model": b"\x80\x04."}}, "entry hyper_parameters.model is of type bytes, expected dict"),
+        ({"hyper_parameters": {"model": {"lora": 3}}}, "entry hyper_parameters.model.lora is of type int"),
+        ({"callbacks": {"ModelCheckpoint": b"\x80\x04."}}, "entry callbacks['ModelCheckpoint'] is of type bytes"),
+        ({"optimizer_states": [b"\x80\x04."]}, "entry optimizer_states[0] is of type bytes, expected dict"),
+        ({"loops": b"\x80\x04."}, "entry loops is of type bytes, expected dict"),
+        ({"global_step": "3"}, "entry global_step is of type str, expected int"),
+    ],
+)
+def test_entries_of_the_wrong_type_are_refused_naming_them(tmp_path: Path, entries: dict, named: str) -> None:
+    from tokenizer_posttrain.io.checkpoint import read_checkpoint
+    from tokenizer_posttrain.io.model_card import checkpoint_card
+
+    path = tmp_path / "last.ckpt"
+    torch.save(_training_checkpoint(**entries), path)
+    # Every reader of a training checkpoint: export and evaluate (load_tokenizer), resume, the model card.
+    readers = (load_tokenizer, read_checkpoint, lambda p: checkpoint_card(p, "CV8x8x8", None, False))
+    for read in readers:
+        with pytest.raises(CheckpointError) as refused:
+            read(path)
+        assert str(refused.value).startswith(f"{path}: {named}")
+        assert "not written by tokenizer-posttrain" in str(refused.value)
+
+
+def test_a_bytes_entry_of_no_use_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    torch.save(_training_checkpoint(planted=b"\x80\x04.", callbacks={"ModelCheckpoint": {"planted": b"."}}), path)
+    assert load_tokenizer(path).config.name == "CV8x8x8"

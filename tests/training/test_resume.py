@@ -37,7 +37,7 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_next_with_a_warning(tmp
     save_ckpt(tmp_path / "step=4.ckpt", 4)
     save_ckpt(tmp_path / "step=6.ckpt", 6)
     truncate(save_ckpt(tmp_path / "last.ckpt", 7))
-    with pytest.warns(UserWarning, match=r"unreadable checkpoint: .*last\.ckpt cannot be read as a checkpoint"):
+    with pytest.warns(UserWarning, match=r"unreadable checkpoint: cannot read .*last\.ckpt: .*truncated"):
         assert find_resume_checkpoint(tmp_path, ResumeConfig()) == str(tmp_path / "step=6.ckpt")
 
 
@@ -57,7 +57,7 @@ def test_only_unreadable_checkpoints_is_a_one_line_error(tmp_path: Path) -> None
 
 def test_an_explicit_unreadable_checkpoint_is_named(tmp_path: Path) -> None:
     truncate(save_ckpt(tmp_path / "mine.ckpt", 3))
-    with pytest.raises(CheckpointError, match=r"mine\.ckpt cannot be read as a checkpoint"):
+    with pytest.raises(CheckpointError, match=r"cannot read .*mine\.ckpt: .*truncated"):
         find_resume_checkpoint(tmp_path, ResumeConfig(resume_from_path=str(tmp_path / "mine.ckpt")))
     torch.save({"weights": torch.zeros(1)}, tmp_path / "other.ckpt")
     with pytest.raises(CheckpointError, match="not a training checkpoint"):

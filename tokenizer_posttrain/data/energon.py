@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 import lightning.pytorch as pl
 from megatron.energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_dataset
 
+from ..core.errors import CheckpointError
+from ..core.untrusted import unpickle_legacy_state
+from .energon_state import from_plain, to_plain
 from .layout import dataset_splits
 from .task_encoder import ClipSpec, VideoClipTaskEncoder
 
@@ -39,7 +41,10 @@ class EnergonVideoDataModule(pl.LightningDataModule):
     """Train and validation loaders over an energon dataset, on this process's data-parallel rank.
 
     The train loader's position is saved in every checkpoint (for all ranks, gathered on
-    rank 0) and restored on resume, so a resumed run neither repeats nor skips samples.
+    rank 0) and restored on resume, so a resumed run neither repeats nor skips samples. It is stored as
+    plain data (:mod:`.energon_state`); the pickled state of checkpoints from earlier releases is restored
+    only with ``allow_pickled_states`` (``resume.allow_pickled_states=true``), since unpickling can run
+    code planted in a file.
     """
 
     def __init__(
@@ -51,6 +56,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         shuffle_buffer_size: int = 100,
         max_samples_per_sequence: int = 100,
         seed: int = 0,
+        allow_pickled_states: bool = False,
     ) -> None:
         super().__init__()
         self.path = str(path)
@@ -60,6 +66,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         self.shuffle_buffer_size = shuffle_buffer_size
         self.max_samples_per_sequence = max_samples_per_sequence
         self.seed = seed
+        self.allow_pickled_states = allow_pickled_states
         self._train_loader: Any = None
         self._restore_state: Any = None
 
@@ -107,10 +114,19 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         if self._train_loader is None:
             return {}
         # Every rank must take part in the gather; rank 0 gets all states and writes them.
-        state = self._train_loader.save_state_global(global_dst_rank=0)
-        # Pickled bytes: Lightning loads checkpoints with weights_only=True, which rejects the state objects.
-        return {_STATE_KEY: pickle.dumps(state)}
+        return {_STATE_KEY: to_plain(self._train_loader.save_state_global(global_dst_rank=0))}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if _STATE_KEY in state_dict:
-            self._restore_state = pickle.loads(state_dict[_STATE_KEY])
+        if not isinstance(state_dict, dict):
+            raise CheckpointError(
+                f"the checkpoint's {type(self).__name__} entry is a {type(state_dict).__name__}, not the state of "
+                "a data module; the file was altered or written by another program"
+            )
+        if _STATE_KEY not in state_dict:
+            return
+        value = state_dict[_STATE_KEY]
+        if isinstance(value, bytes):
+            what = f"the energon loader state ({_STATE_KEY})"
+            self._restore_state = unpickle_legacy_state(value, self.allow_pickled_states, what)
+        else:
+            self._restore_state = from_plain(value, _STATE_KEY)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import CheckpointError
+from ..core.untrusted import load_torch_file
 from ..network import CausalVideoTokenizer
 from ..network.registry import REGISTRY, TokenizerConfig, get_config
 
@@ -68,14 +69,66 @@ def _read_safetensors(path: Path) -> _Weights:
     return _Weights({_normalize_key(k): v for k, v in state.items()}, str(path), config)
 
 
+_FIELDS: dict[str, type] = {
+    "state_dict": dict,
+    "current_model_state": dict,
+    "optimizer_states": list,
+    "lr_schedulers": list,
+    "loops": dict,
+    "callbacks": dict,
+    "hyper_parameters": dict,
+    "rng_states": dict,
+    CONFIG_KEY: dict,
+    "global_step": int,
+    "epoch": int,
+}
+"""Type of each entry Lightning or tokenizer-posttrain writes in a training checkpoint."""
+_ITEMS: dict[str, type] = {"optimizer_states": dict, "lr_schedulers": dict, "loops": dict, "callbacks": dict}
+"""Type of each item of the entries that are collections of states."""
+_SECTIONS = ("model", "data", "optim", "loss")
+"""The config dicts under ``hyper_parameters`` (``model.lora`` too)."""
+
+
+def _check_fields(ckpt: dict[str, Any], path: Path) -> None:
+    def check(key: str, value: Any, expected: type) -> None:
+        if value is not None and not isinstance(value, expected):
+            raise CheckpointError(
+                f"{path}: entry {key} is of type {type(value).__name__}, expected {expected.__name__}; the file was "
+                "altered or not written by tokenizer-posttrain"
+            )
+
+    for key, expected in _FIELDS.items():
+        check(key, ckpt.get(key), expected)
+    for key, expected in _ITEMS.items():
+        value = ckpt.get(key) or ()
+        for name, item in value.items() if isinstance(value, dict) else enumerate(value):
+            check(f"{key}[{name!r}]", item, expected)
+    for key in ("state_dict", "current_model_state"):
+        for name, tensor in (ckpt.get(key) or {}).items():
+            check(f"{key} key {name!r}", name, str)
+            check(f"{key}[{name!r}]", tensor, Tensor)
+    hp = ckpt.get("hyper_parameters") or {}
+    for section in _SECTIONS:
+        check(f"hyper_parameters.{section}", hp.get(section), dict)
+    check("hyper_parameters.model.lora", (hp.get("model") or {}).get("lora"), dict)
+
+
+def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+    """The entries of a Lightning training checkpoint, loaded weights-only (nothing in it is unpickled, see
+    :func:`~tokenizer_posttrain.core.untrusted.load_torch_file`), with the type of each entry Lightning and
+    tokenizer-posttrain write checked, so a damaged or crafted file is refused in one line naming the entry.
+    ``mmap`` maps the file instead of reading it."""
+    path = Path(path)
+    ckpt = load_torch_file(path, mmap=mmap)
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(f"{path} is not a Lightning checkpoint (it holds a {type(ckpt).__name__}, not a dict)")
+    _check_fields(ckpt, path)
+    return ckpt
+
+
 def _read_lightning(path: Path, ema: bool = False) -> _Weights:
-    try:
-        ckpt = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001
-        raise CheckpointError(
-            f"cannot read {path}: {str(err).splitlines()[0]}. The file looks truncated or is not a torch checkpoint."
-        ) from err
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+    ckpt = read_checkpoint(path)
+    if "state_dict" not in ckpt:
         raise CheckpointError(f"{path} is not a Lightning checkpoint (no 'state_dict' entry)")
     # Lightning's EMA callback stores the average as state_dict and the live weights beside it.
     if "current_model_state" in ckpt:

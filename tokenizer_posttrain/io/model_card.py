@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
+from .checkpoint import read_checkpoint
 
 
 def model_card(checkpoint: Path, info: dict[str, Any], results: dict[str, Any] | None, ema: bool) -> str:
@@ -49,7 +49,7 @@ def checkpoint_card(
     posttrain workflow share."""
     info: dict[str, Any] = {"model": model}
     if checkpoint.suffix == ".ckpt" and checkpoint.is_file():
-        ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+        ckpt = read_checkpoint(checkpoint, mmap=True)
         info.update(global_step=ckpt.get("global_step"), hyper_parameters=ckpt.get("hyper_parameters"))
     if global_step is not None:
         info["global_step"] = global_step

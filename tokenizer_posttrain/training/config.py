@@ -306,8 +306,8 @@ class ResumeConfig:
     """Resume even when the checkpoint was written with other model, data or loss settings (by default
     such a launch stops and lists the differences)."""
     allow_pickled_states: bool = False
-    """Restore the pickled random states of checkpoints written by earlier releases (unpickling a file can run
-    code planted in it: only for checkpoints you wrote yourself)."""
+    """Restore the pickled random states and energon loader position of checkpoints written by earlier releases
+    (unpickling a file can run code planted in it: only for checkpoints you wrote yourself)."""
 
 
 @dataclass

@@ -9,9 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..core.errors import CheckpointError, UserError
+from ..io.checkpoint import read_checkpoint
 from ..network.registry import resolve_name
 from .config import DataConfig, LossConfig, ModelConfig, ResumeConfig
 
@@ -23,14 +22,10 @@ class SettingsChanged(UserError):
 
 
 def read_checkpoint_header(path: str | Path) -> dict[str, Any]:
-    """A checkpoint's top-level entries, its tensors memory-mapped (not read); :class:`CheckpointError` naming
-    the file when it is truncated, not a checkpoint, or holds anything but plain data."""
-    try:
-        ckpt = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, EOFError, ... for bad files
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"{path} cannot be read as a checkpoint ({reason})") from None
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+    """A training checkpoint's entries, its tensors memory-mapped (not read); :class:`CheckpointError` naming the
+    file when it is truncated, not a training checkpoint, or holds anything but plain data."""
+    ckpt = read_checkpoint(path, mmap=True)
+    if "state_dict" not in ckpt:
         raise CheckpointError(f"{path} is not a training checkpoint of this app (no state_dict)")
     return ckpt
 

@@ -108,8 +108,11 @@ def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
         raise ValueError(f"the clip shape does not fit {cfg.name}: {'; '.join(problems)}")
 
 
-def build_datamodule(data: DataConfig, model: ModelConfig, seed: int) -> pl.LightningDataModule:
-    """Synthetic clips when ``data.path`` is None, else the energon video dataset at that path."""
+def build_datamodule(
+    data: DataConfig, model: ModelConfig, seed: int, allow_pickled_states: bool = False
+) -> pl.LightningDataModule:
+    """Synthetic clips when ``data.path`` is None, else the energon video dataset at that path
+    (``allow_pickled_states``: ``resume.allow_pickled_states``, for its loader position in old checkpoints)."""
     if data.path is None:
         return SyntheticVideoDataModule(
             frames=data.frames,
@@ -142,6 +145,7 @@ def build_datamodule(data: DataConfig, model: ModelConfig, seed: int) -> pl.Ligh
         shuffle_buffer_size=data.shuffle_buffer_size,
         max_samples_per_sequence=data.max_samples_per_sequence,
         seed=seed,
+        allow_pickled_states=allow_pickled_states,
     )
 
 
@@ -302,7 +306,7 @@ def _train(
     problems.raise_any()
     assert par is not None and module is not None
     module.hparams["data"] = asdict(data)  # for the model card of the export and the check on resume
-    datamodule = build_datamodule(data, model, trainer.seed)
+    datamodule = build_datamodule(data, model, trainer.seed, resume.allow_pickled_states)
     limit_val_batches = trainer.limit_val_batches
     if data.path is not None and not datamodule.has_validation:
         warnings.warn(f"{data.path} has no val split: validation is off", stacklevel=2)

@@ -1,0 +1,58 @@
+"""Files from anywhere: a torch file holding an object is refused in one line, pickled bytes are unpickled
+only after the opt-in, and neither runs the code planted in it."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokenizer_posttrain.core.errors import CheckpointError
+from tokenizer_posttrain.core.untrusted import PICKLED_STATES_OPT_IN, load_torch_file, unpickle_legacy_state
+
+
+class Planted:
+    """Unpickling this writes a marker file: what a crafted file could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.write_text, (self.marker, "code ran"))
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_torch_file_holding_an_object_is_refused_without_running_it(tmp_path: Path, mmap: bool) -> None:
+    marker = tmp_path / "marker"
+    torch.save({"state_dict": {}, "planted": Planted(marker)}, tmp_path / "last.ckpt")
+    with pytest.raises(CheckpointError) as refused:
+        load_torch_file(tmp_path / "last.ckpt", mmap=mmap)
+    message = str(refused.value)
+    assert message.startswith(f"refusing to load {tmp_path / 'last.ckpt'}: it holds a pickled Python object (")
+    assert "could run code planted in the file" in message and "\n" not in message
+    assert "weights_only" not in message  # torch's own advice (load it fully) is not passed on
+    assert not marker.exists()
+
+
+def test_plain_data_loads_and_bad_files_say_what_is_wrong(tmp_path: Path) -> None:
+    torch.save({"w": torch.ones(2), "n": 3, "s": ["a", (1, None)], "b": b"\x00"}, tmp_path / "ok.ckpt")
+    loaded = load_torch_file(tmp_path / "ok.ckpt")
+    assert loaded["n"] == 3 and loaded["s"] == ["a", (1, None)] and torch.equal(loaded["w"], torch.ones(2))
+    (tmp_path / "half.ckpt").write_bytes((tmp_path / "ok.ckpt").read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=r"cannot read .*half\.ckpt: .*looks truncated"):
+        load_torch_file(tmp_path / "half.ckpt")
+    with pytest.raises(CheckpointError, match=r"checkpoint .*none\.ckpt does not exist"):
+        load_torch_file(tmp_path / "none.ckpt")
+
+
+def test_pickled_bytes_are_unpickled_only_after_the_opt_in(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    with pytest.raises(CheckpointError) as refused:
+        unpickle_legacy_state(pickle.dumps(Planted(marker)), False, "the random states (rng_states)")
+    message = str(refused.value)
+    assert message.startswith("the checkpoint holds the random states (rng_states) as pickled bytes")
+    assert PICKLED_STATES_OPT_IN in message and "\n" not in message
+    assert not marker.exists()
+    assert unpickle_legacy_state(pickle.dumps((1, "a")), True, "the random states (rng_states)") == (1, "a")
