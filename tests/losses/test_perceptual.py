@@ -243,3 +243,19 @@ def test_ready_network_and_channels_last_give_the_same_loss(weights_file: Path, 
     recon = target + 0.1 * noise
     nhwc = PerceptualLoss(vgg=load_vgg16_features(weights_file), channels_last=True)
     torch.testing.assert_close(nhwc(recon, target), loss(recon, target), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("content", [b"garbage, not a torch file", None])
+def test_a_broken_vgg16_file_is_one_line_naming_it(tmp_path: Path, content: bytes | None) -> None:
+    from tokenizer_posttrain.core.errors import CheckpointError
+    from tokenizer_posttrain.losses.perceptual import read_vgg16_features
+
+    path = tmp_path / "vgg16-397923af.pth"
+    if content is None:  # a pickled object, not weights: refused without running it
+        torch.save({"features.0.weight": torch.zeros(1), "x": __import__("os").system}, path)
+    else:
+        path.write_bytes(content)
+    for mmap in (True, False):
+        with pytest.raises(CheckpointError, match=str(path)) as err:
+            read_vgg16_features(path, mmap=mmap)
+        assert "\n" not in str(err.value)

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from ..core.errors import CheckpointError
+from ..core.untrusted import load_torch_file
 from .terms import LossTerm, TermConfig
 
 VGG16_FILE = "vgg16-397923af.pth"
@@ -114,11 +116,11 @@ def read_vgg16_features(path: str | Path, mmap: bool = False) -> dict[str, Tenso
     ``ValueError`` naming the file and the keys. ``mmap`` maps the file instead of reading it (for checks).
     """
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except RuntimeError:
+        state = load_torch_file(path, mmap=mmap)
+    except CheckpointError:
         if not mmap:
             raise
-        state = torch.load(path, map_location="cpu", weights_only=True)  # an old (non-zip) file cannot be mapped
+        state = load_torch_file(path)  # an old (non-zip) file cannot be mapped
     if not isinstance(state, dict):
         raise ValueError(f"{path} is not a VGG16 state dict (got {type(state).__name__})")
     features = {key: value for key, value in state.items() if key.startswith("features.")}
