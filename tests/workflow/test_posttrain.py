@@ -113,3 +113,12 @@ def test_a_non_finite_learning_rate_stops_before_any_work(tmp_path: Path, base_a
     result = posttrain(base, videos, tmp_path / "run", lr="inf")
     assert result.returncode == 1 and "invalid optim.lr=inf" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()  # no shards, no baseline evaluation
+
+
+def test_a_model_name_of_another_width_says_to_leave_out_model(tmp_path: Path) -> None:
+    from tokenizer_posttrain.core.errors import CheckpointError
+    from tokenizer_posttrain.workflow.posttrain import posttrain as run_posttrain
+
+    with pytest.raises(CheckpointError, match="you asked for CV8x8x8: leave out --model: the checkpoint's model"):
+        run_posttrain(str(reference_weights("CV8x8x8")), str(tmp_path / "videos"), str(tmp_path / "run"), "CV8x8x8")
+    assert not (tmp_path / "run" / "data").exists()  # refused before making shards

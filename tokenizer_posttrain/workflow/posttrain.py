@@ -18,7 +18,7 @@ from typing import Literal, Optional
 from ..core.errors import DataError, UserError
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.layout import dataset_splits
-from ..io.checkpoint import read_weights, resolve_config
+from ..io.checkpoint import MODEL_FLAG, read_weights, resolve_config
 from ..io.model_card import checkpoint_card
 from ..losses.perceptual import find_vgg16_weights
 from ..network.registry import TokenizerConfig
@@ -191,7 +191,7 @@ def posttrain(
         OptimConfig(lr=rate)
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = resolve_config(read_weights(base), model, {})
+    config = resolve_config(read_weights(base), model, {}, MODEL_FLAG)
     data_path = prepare_data(Path(videos), run_dir, val_fraction)
     clip = {"frames": frames, "size": size, "resize_short_side": resize_short_side}
     perceptual = perceptual_weight_or_default(perceptual_weight)
