@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -25,11 +26,16 @@ def test_export_command_writes_files_and_model_card(tmp_path: Path) -> None:
     assert train.returncode == 0, train.stderr[-3000:]
     # a checkpoint from during the run (at the end Lightning copies the EMA into the live weights)
     ckpt = run / "tiny_cv8x8x8" / "checkpoints" / "step=2.ckpt"
-    for flag, out in (([], "plain"), (["--ema"], "ema")):
+    # An evaluation against the base puts its verdict in the card.
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"metrics": {"psnr": 5.0}, "baseline_metrics": {"psnr": 6.0}, "n_clips": 3}))
+    for flag, out in ((["--results", str(results)], "plain"), (["--ema"], "ema")):
         result = cli("export", "--checkpoint", str(ckpt), "--out", str(tmp_path / out), *flag, cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
         card = (tmp_path / out / "README.md").read_text()
         assert "CV8x8x8" in card and "| steps | 2 |" in card
+        verdict = "**Verdict: WORSE than the base: PSNR 6.00 -> 5.00 dB (-1.000 dB) on 3 held-out clips.**"
+        assert (verdict in card) == (out == "plain"), card
     plain = torch.jit.load(str(tmp_path / "plain" / "autoencoder.jit")).state_dict()
     ema = torch.jit.load(str(tmp_path / "ema" / "autoencoder.jit")).state_dict()
     assert any(not torch.equal(plain[k], ema[k]) for k in plain)  # the EMA average differs from the last weights

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from tokenizer_posttrain.commands.guard import run_guarded
-from tokenizer_posttrain.core.errors import CheckpointError, CommandError, DataError, EvaluationError
+from tokenizer_posttrain.core.errors import (
+    CheckpointError,
+    CommandError,
+    DataError,
+    EvaluationError,
+    WorseThanBaseError,
+)
 
 
 def raising(error: BaseException):  # noqa: ANN201
@@ -31,6 +37,12 @@ def test_expected_errors_are_one_line_and_exit_1(error: Exception, capsys: pytes
     assert run_guarded(raising(error)) == 1
     err = capsys.readouterr().err
     assert err == f"error: {error}\n"
+
+
+def test_a_result_worse_than_the_base_exits_3_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # 3: neither a failure (1) nor argparse's bad command line (2).
+    assert run_guarded(raising(WorseThanBaseError("WORSE than the base: PSNR 6.34 -> 5.92 dB"))) == 3
+    assert capsys.readouterr().err == "error: WORSE than the base: PSNR 6.34 -> 5.92 dB\n"
 
 
 def test_out_of_memory_says_what_to_lower(capsys: pytest.CaptureFixture[str]) -> None:

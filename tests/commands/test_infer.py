@@ -76,6 +76,13 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) 
         assert run_infer(*args, "--checkpoint", ckpt, "--output", tmp_path / "o.mp4") == 1
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    # A --model of another width: the commands have no width flag, so the fix is to let the checkpoint say.
+    assert (
+        run_infer("reconstruct", "--checkpoint", ckpt, "--model", "CV8x8x8", "--input", good, "--output", "o.mp4") == 1
+    )
+    err = capsys.readouterr().err
+    assert "you asked for CV8x8x8: leave out --model: the checkpoint's model and width are then read" in err, err
+    assert err.count("\n") == 1
     with pytest.raises(SystemExit) as exit_:
         run_infer("reconstruct", "--checkpoint", ckpt, "--input", good, "--output", "o.mp4", "--window", "x")
     assert exit_.value.code == 2

@@ -20,3 +20,17 @@ def test_posttrain_command_recipe_and_function_share_their_defaults() -> None:
     for name, param in inspect.signature(posttrain).parameters.items():
         if param.default is not inspect.Parameter.empty:
             assert parsed[name] == param.default == recipe[name], name
+
+
+def test_help_names_allow_worse_and_the_exit_codes() -> None:
+    from tokenizer_posttrain.commands.posttrain_cmd import register
+
+    root = argparse.ArgumentParser()
+    register(root.add_subparsers(dest="command"))
+    parser = root._subparsers._group_actions[0].choices["posttrain"]  # noqa: SLF001 - argparse keeps them there
+    text = " ".join(parser.format_help().split())
+    assert "--allow-worse, --no-allow-worse" in text
+    assert "3 done, but the post-trained tokenizer is worse than the base on the held-out clips" in text
+    assert vars(root.parse_args(["posttrain", "--base", "b", "--videos", "v", "--out", "o", "--allow-worse"]))[
+        "allow_worse"
+    ]

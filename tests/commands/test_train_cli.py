@@ -1,6 +1,9 @@
 """The real command line, in fresh processes: smoke run, resume, overrides and failures."""
 
 import csv
+import dataclasses
+import inspect
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -8,7 +11,9 @@ import pytest
 import torch
 
 from tests.conftest import read_metrics, run_cli, run_torchrun
+from tokenizer_posttrain.commands.train_cli import run_cli as run_cli_in_process
 from tokenizer_posttrain.network import build_tokenizer
+from tokenizer_posttrain.training.train import train
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +76,7 @@ def test_second_run_in_the_same_folder_resumes(first_run: tuple[Path, object]) -
     "override, message",
     [
         ("trainer.max_stepz=3", "cannot apply override trainer.max_stepz=3: no such setting"),
+        ("modle.channels=16", "cannot apply override modle.channels=16: 'modle' is not an override group"),
         ("trainer.max_steps=abc", "invalid override trainer.max_steps=abc: 'abc' is not a valid int"),
         ("data.global_batch_size=3", "data.global_batch_size=3 is not a multiple of"),
         ("optim.lr=inf", "invalid optim.lr=inf: must be a positive, finite number"),
@@ -84,6 +90,7 @@ def test_bad_input_exits_non_zero_with_a_message(override: str, message: str, tm
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr  # a clear message, not a stack dump
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr  # nothing else
     assert not (tmp_path / "tiny_cv8x8x8" / "checkpoints").exists()  # failed before any work
 
 
@@ -119,10 +126,73 @@ def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_pat
     assert update > 0.05 and disagreement < 1e-3 * update, (float(disagreement), float(update))
 
 
-def test_help_lists_the_override_groups_and_exits_0(tmp_path: Path) -> None:
-    # NeMo-Run's help read the entry's annotations as strings (postponed evaluation) and crashed.
+def test_help_lists_every_setting_with_its_type_default_and_doc_and_exits_0(tmp_path: Path) -> None:
+    # NeMo-Run's help listed the groups only (and once crashed on postponed annotations).
     result = run_cli("--help", cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stdout + result.stderr
-    for group in ("model", "data", "trainer", "optim", "resume", "log", "loss"):
-        assert f"│ {group} " in result.stdout
+    lines = result.stdout.splitlines()
+
+    def walk(prefix: str, cls: type) -> None:
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            key = f"{prefix}.{f.name}"
+            if dataclasses.is_dataclass(default):
+                assert any(line.strip().startswith(f"{key}.*") for line in lines), key
+                walk(key, type(default))
+            else:
+                assert any(line.strip().startswith(f"{key}: ") and f" = {default!r}" in line for line in lines), key
+
+    for group, cls in inspect.get_annotations(train, eval_str=True).items():
+        if dataclasses.is_dataclass(cls):
+            walk(group, cls)
+    assert "    model.lora.rank: int = 0  — Adapter rank; 0 = no LoRA (train the weights themselves)." in lines
+    assert "    loss.perceptual.weight: float = 0.1  — Weight of the term at every step" in result.stdout
+    assert "  model.compile: bool = False  [cv8x8x8: True]  — torch.compile the training forward" in result.stdout
+    for option in ("--factory, -f NAME", "--yaml FILE", "--dryrun", "--yes, -y"):
+        assert f"  {option} " in result.stdout, option
+
+
+def test_a_yaml_file_whose_top_level_is_a_list_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "f.yaml").write_text("- a\n- b\n")
+    result = run_cli("--factory", "tiny", "--yaml", "f.yaml", cwd=tmp_path, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr == (
+        "error: f.yaml: the top level must be a mapping of override groups (model, data, trainer, optim, resume, "
+        "log, loss), e.g. 'model: {channels: 16}', not a list\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("modle:\n  channels: 16\n", "error: f.yaml: 'modle' is not an override group (did you mean model?)"),
+        ("model:\n  chanels: 16\n", "error: f.yaml: model.chanels is not a setting (did you mean model.channels?)"),
+        ("model: {channels: 16\n", "error: f.yaml: not valid YAML: expected ',' or '}', but got '<stream end>'"),
+    ],
+)
+def test_a_bad_yaml_file_is_one_line_before_nemo_run_reads_it(
+    text: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import recipes
+
+    monkeypatch.setattr(sys, "argv", ["train_tokenizer.py"])  # run_cli rewrites it
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f.yaml").write_text(text)
+    assert run_cli_in_process(train, recipes.cv8x8x8.cv8x8x8, ["--yaml", "f.yaml"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_help_of_another_recipe_shows_its_values_and_an_unknown_recipe_is_named(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import recipes
+
+    monkeypatch.setattr(sys, "argv", ["train_tokenizer.py"])
+    assert run_cli_in_process(train, recipes.cv8x8x8.cv8x8x8, ["--factory", "tiny", "-h"]) == 0
+    assert "  data.frames: int = 33  [tiny: 17]  — Frames per clip" in capsys.readouterr().out
+    assert run_cli_in_process(train, recipes.cv8x8x8.cv8x8x8, ["--factory", "tinny"]) == 1
+    assert capsys.readouterr().err == (
+        "error: --factory tinny: no such recipe; the recipes are cv8x8x8, dv8x16x16, tiny, tiny_dv\n"
+    )

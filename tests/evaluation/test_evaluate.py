@@ -155,6 +155,10 @@ def test_report_links_plots_and_three_panel_videos(runs: dict) -> None:
     results, folder = runs["cv_perturbed"]
     report = (folder / "report.md").read_text()
     assert "| metric | baseline | post-trained | change |" in report and "latent drift" in report
+    base, model = results["baseline_metrics"]["psnr"], results["metrics"]["psnr"]
+    assert f"PSNR {base:.2f} -> {model:.2f} dB" in report and "- verdict: **" in report
+    same = (runs["cv_same"][1] / "report.md").read_text()
+    assert "- verdict: **no better than the base: PSNR" in same
     links = re.findall(r"\]\(([^)]+)\)", report)
     assert {"psnr_per_clip.png", "error_histogram.png"} <= set(links)
     assert all((folder / link).is_file() for link in links)

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from tests.conftest import reference_io, reference_weights
-from tokenizer_posttrain.io.checkpoint import CheckpointError, load_tokenizer
+from tokenizer_posttrain.io.checkpoint import (
+    MODEL_FLAG,
+    TRAIN_OVERRIDES,
+    CheckpointError,
+    ModelSettingNames,
+    load_tokenizer,
+)
 from tokenizer_posttrain.network import build_tokenizer
 
 
@@ -68,6 +74,43 @@ def test_wrong_model_names_both(exported_dirs: dict[str, Path]) -> None:
 def test_wrong_width_says_so() -> None:
     with pytest.raises(CheckpointError, match=r"CV8x8x8 \(channels=16\) checkpoint, you asked for CV8x8x8"):
         load_tokenizer(reference_weights("CV8x8x8"), "CV8x8x8")
+
+
+@pytest.mark.parametrize(
+    "names, fix",
+    [
+        (TRAIN_OVERRIDES, "you asked for CV8x8x8: set model.channels=16. "),
+        (MODEL_FLAG, "you asked for CV8x8x8: leave out --model: the checkpoint's model and width are then read"),
+        # A caller that does not say how its user sets the model gets both spellings.
+        (None, "set model.channels=16 (train_tokenizer.py), or leave out --model (the other commands then read"),
+    ],
+)
+def test_wrong_width_names_the_setting_that_fixes_it(names: ModelSettingNames | None, fix: str) -> None:
+    with pytest.raises(CheckpointError) as err:
+        load_tokenizer(reference_weights("CV8x8x8"), "CV8x8x8", setting_names=names)
+    assert fix in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "names, fix",
+    [
+        (TRAIN_OVERRIDES, "you asked for CV8x8x8: set model.model=Cosmos-1.0-Tokenizer-DV8x16x16 model.channels=16. "),
+        (MODEL_FLAG, "you asked for CV8x8x8: leave out --model: "),
+    ],
+)
+def test_wrong_model_and_width_names_both_settings(names: ModelSettingNames, fix: str) -> None:
+    with pytest.raises(CheckpointError) as err:
+        load_tokenizer(reference_weights("DV8x16x16"), "CV8x8x8", setting_names=names)
+    assert fix in str(err.value)
+
+
+def test_wrong_model_of_the_right_width_names_the_model_setting(exported_dirs: dict[str, Path]) -> None:
+    with pytest.raises(CheckpointError) as err:
+        load_tokenizer(exported_dirs["DV8x16x16"], "CV8x8x8", setting_names=MODEL_FLAG, channels=16)
+    assert "you asked for CV8x8x8 (channels=16): pass --model DV8x16x16, or leave out --model" in str(err.value)
+    with pytest.raises(CheckpointError) as err:
+        load_tokenizer(exported_dirs["DV8x16x16"], "CV8x8x8", setting_names=TRAIN_OVERRIDES, channels=16)
+    assert "(channels=16): set model.model=Cosmos-1.0-Tokenizer-DV8x16x16. The weights" in str(err.value)
 
 
 def test_truncated_checkpoint_is_reported(exported_dirs: dict[str, Path], tmp_path: Path) -> None:

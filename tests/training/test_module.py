@@ -27,6 +27,13 @@ def test_loads_checkpoint_strictly_and_keeps_fp32() -> None:
         )
 
 
+def test_a_checkpoint_of_another_width_names_the_override_that_fixes_it() -> None:
+    with pytest.raises(
+        ValueError, match=r"CV8x8x8 \(channels=16\) checkpoint, you asked for CV8x8x8: set model.channels=16\."
+    ):
+        TokenizerModel(ModelConfig(model="CV8x8x8", jit_ckpt_pth=str(reference_weights("CV8x8x8"))), loss=no_vgg())
+
+
 def test_random_init_warns() -> None:
     with pytest.warns(UserWarning, match="RANDOM weights"):
         TokenizerModel(ModelConfig(model="CV8x8x8", channels=16), loss=no_vgg())

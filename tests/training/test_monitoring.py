@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_metrics, run_cli
+from tests.conftest import fit, read_metrics, run_cli
 from tests.training.conftest import no_vgg, tiny
 from tests.training.test_checkpointing import ARGS
 from tests.training.test_step_guard import fit_logged
 from tokenizer_posttrain.training.config import OptimConfig
 from tokenizer_posttrain.training.module import TokenizerModel
-from tokenizer_posttrain.training.monitoring import LearningRateLogger
+from tokenizer_posttrain.training.monitoring import LearningRateLogger, StepProgressBar
 
 
 def test_learning_rates_are_logged_per_group_at_the_loss_steps(tmp_path: Path) -> None:
@@ -26,6 +27,21 @@ def test_learning_rates_are_logged_per_group_at_the_loss_steps(tmp_path: Path) -
     for step, row in rates:
         warmup = (step + 1) / 4
         assert row == pytest.approx({"lr-AdamW/default": 1e-3 * warmup, "lr-AdamW/decoder.": 2e-3 * warmup})
+
+
+def test_the_progress_bar_counts_optimizer_steps_with_the_micro_batches_beside(tmp_path: Path) -> None:
+    # 3 optimizer steps of 4 accumulated micro-batches: Lightning's bar said 12/12, a count max_steps never gives.
+    screen = io.StringIO()
+    bar = StepProgressBar(console_kwargs={"file": screen, "force_terminal": True, "width": 200})
+    module = TokenizerModel(tiny("CV8x8x8"), loss=no_vgg())
+    fit(module, tmp_path, steps=3, callbacks=[bar], enable_progress_bar=True, accumulate_grad_batches=4)
+    task = next(t for t in bar.progress.tasks if t.id == bar.train_progress_bar_id)
+    assert (task.total, task.completed) == (3, 3)
+    assert task.fields == {"unit": "steps", "micro": "12/12"}
+    shown = screen.getvalue()
+    assert "3/3 steps (12/12 micro-batches)" in shown, shown[-2000:]
+    assert "2/3 steps (8/12 micro-batches)" in shown and "12/12 steps" not in shown
+    assert "steps/s" in shown
 
 
 def test_logs_curves_videos_and_wandb_offline(tmp_path: Path) -> None:

@@ -60,6 +60,7 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["psnr_after"] > summary["psnr_before"] + 1.0, summary
+    assert summary["verdict"] == "better" and "post-trained tokenizer: better than the base: PSNR" in result.stdout
     export = tmp_path / "run" / "export"
     assert {"encoder.jit", "decoder.jit", "autoencoder.jit", "model.safetensors", "README.md"} <= {
         p.name for p in export.iterdir()
@@ -71,6 +72,35 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
     card = (export / "README.md").read_text()
     assert f"from `{base}`" in card and f"`{tmp_path / 'run' / 'data'}`, clips 9x64x64" in card, card
     assert "| steps | 40 |" in card
+    assert card.splitlines()[2].startswith("**Verdict: better than the base: PSNR ")
+
+
+def test_a_post_trained_tokenizer_worse_than_its_base_says_so_and_exits_3(
+    tmp_path: Path, base_and_videos: tuple
+) -> None:
+    # A learning rate of 1 wrecks the tiny model in two steps: held-out PSNR falls (6.41 -> 5.30 dB when written).
+    base, videos = base_and_videos
+    options = dict(steps=2, lr="1.0", frames=9, size=32, resize_short_side=64, batch_size=1, num_workers=0)
+    options.update(val_fraction=0.5, eval_clips=1)
+    result = posttrain(base, videos, tmp_path / "run", **options)
+    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["verdict"] == "worse" and summary["psnr_after"] < summary["psnr_before"], summary
+    worse = f"WORSE than the base: PSNR {summary['psnr_before']:.2f} -> {summary['psnr_after']:.2f} dB"
+    assert f"post-trained tokenizer: {worse}" in result.stdout
+    assert result.stderr.splitlines()[-1].startswith(
+        f"error: the post-trained tokenizer is WORSE than the base: held-out PSNR {summary['psnr_before']:.2f} -> "
+    )
+    assert "pass --allow-worse to accept it" in result.stderr and "Traceback" not in result.stderr
+    # Everything is written before the verdict: the card records it, the files stay to be looked at.
+    export = tmp_path / "run" / "export"
+    assert f"**Verdict: {worse}" in (export / "README.md").read_text()
+    assert (export / "autoencoder.jit").is_file() and (tmp_path / "run" / "eval" / "report.md").is_file()
+    # --allow-worse accepts it (the shards made above serve as the dataset).
+    accepted = posttrain(base, tmp_path / "run" / "data", tmp_path / "again", "--allow-worse", **options)
+    assert accepted.returncode == 0, accepted.stdout[-3000:] + accepted.stderr[-3000:]
+    assert "post-trained tokenizer: WORSE than the base" in accepted.stdout
+    assert json.loads((tmp_path / "again" / "summary.json").read_text())["verdict"] == "worse"
 
 
 def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base_and_videos: tuple) -> None:
@@ -113,3 +143,12 @@ def test_a_non_finite_learning_rate_stops_before_any_work(tmp_path: Path, base_a
     result = posttrain(base, videos, tmp_path / "run", lr="inf")
     assert result.returncode == 1 and "invalid optim.lr=inf" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()  # no shards, no baseline evaluation
+
+
+def test_a_model_name_of_another_width_says_to_leave_out_model(tmp_path: Path) -> None:
+    from tokenizer_posttrain.core.errors import CheckpointError
+    from tokenizer_posttrain.workflow.posttrain import posttrain as run_posttrain
+
+    with pytest.raises(CheckpointError, match="you asked for CV8x8x8: leave out --model: the checkpoint's model"):
+        run_posttrain(str(reference_weights("CV8x8x8")), str(tmp_path / "videos"), str(tmp_path / "run"), "CV8x8x8")
+    assert not (tmp_path / "run" / "data").exists()  # refused before making shards

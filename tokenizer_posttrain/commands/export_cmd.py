@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..evaluation.report import verdict
 from ..io.checkpoint import load_tokenizer
 from ..io.export import export_tokenizer
 from ..io.model_card import checkpoint_card
@@ -26,7 +27,11 @@ def _export(args: argparse.Namespace) -> int:
     out = export_tokenizer(network, args.out, dtype=dtype)
     results_path = Path(args.results) if args.results else checkpoint.parent.parent / "eval" / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else None
-    (out / "README.md").write_text(checkpoint_card(checkpoint, network.config.full_name, results, args.ema))
+    judged = verdict(results) if results else None
+    card = checkpoint_card(
+        checkpoint, network.config.full_name, results, args.ema, verdict=judged.line if judged else None
+    )
+    (out / "README.md").write_text(card)
     print(
         f"exported {network.config.full_name} to {out} (encoder.jit, decoder.jit, autoencoder.jit, "
         "model.safetensors, config.json, README.md)"

@@ -18,10 +18,10 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (UserError, ValueError, OSErr
 OOM_HINT = "use a smaller clip, batch or tile (or --dtype bf16)"
 
 
-def fail(message: str) -> int:
-    """Print ``error: message`` to stderr; the exit code 1."""
+def fail(message: str, code: int = 1) -> int:
+    """Print ``error: message`` to stderr; the exit code ``code``."""
     print(f"error: {message}", file=sys.stderr, flush=True)
-    return 1
+    return code
 
 
 def run_guarded(
@@ -30,13 +30,14 @@ def run_guarded(
     also_expected: tuple[type[BaseException], ...] = (),
 ) -> int:
     """Run ``command``; its exit code (0 for None), or 1 with a one-line message for an expected error
-    (:data:`EXPECTED_ERRORS` and ``also_expected``), 130 on Ctrl-C, and 1 with the traceback for anything else."""
+    (:data:`EXPECTED_ERRORS` and ``also_expected``; a :class:`UserError` gives its own ``exit_code``), 130 on
+    Ctrl-C, and 1 with the traceback for anything else."""
     try:
         code = command()
     except torch.OutOfMemoryError:
         return fail(f"out of memory; {oom_hint}")
     except (*EXPECTED_ERRORS, *also_expected) as err:
-        return fail(str(err))
+        return fail(str(err), err.exit_code if isinstance(err, UserError) else 1)
     except KeyboardInterrupt:
         fail("interrupted")
         return 130

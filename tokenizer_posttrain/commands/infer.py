@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from ..core.errors import CommandError
 from ..core.files import atomic_path
 from ..evaluation import inference
-from ..io.checkpoint import load_tokenizer
+from ..io.checkpoint import MODEL_FLAG, load_tokenizer
 from ..network import CausalVideoTokenizer
 from ..network.registry import resolve_name
 from .guard import run_guarded
@@ -114,7 +114,7 @@ def _setup(args: argparse.Namespace, encoding: bool) -> tuple[CausalVideoTokeniz
     if device == "cuda" and not torch.cuda.is_available():
         raise CommandError("--device cuda was given but no CUDA GPU is available (use --device cpu)")
     dtype = inference.DTYPES[args.dtype or ("bf16" if device == "cuda" else "fp32")]
-    network = load_tokenizer(_existing(args.checkpoint, "checkpoint"), name=args.model)
+    network = load_tokenizer(_existing(args.checkpoint, "checkpoint"), name=args.model, setting_names=MODEL_FLAG)
     options = {"tile": args.tile, "tile_overlap": args.tile_overlap, "dtype": dtype, "device": device}
     # decode checks only the tiles here: its window and context come from the latents file.
     window, context = getattr(args, "window", 17), getattr(args, "context", None)

@@ -2,6 +2,9 @@
 
 Its options are :func:`tokenizer_posttrain.workflow.posttrain.posttrain`'s parameters, with their defaults and the
 help of its docstring, so this command, the NeMo-Run recipe and Python callers share one set of defaults.
+
+Exit codes: 0 done; 1 failed (one ``error:`` line); 2 a bad command line; 3 done, but the post-trained tokenizer
+is worse than the base on the held-out clips (files kept; ``--allow-worse`` makes it 0).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "posttrain",
         help="the whole job: shards, baseline, train, evaluate, export",
         description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n")[2].replace("``", ""),
     )
     add_function_arguments(parser, posttrain)
     parser.set_defaults(func=run)

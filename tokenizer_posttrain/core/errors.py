@@ -7,6 +7,9 @@ from __future__ import annotations
 class UserError(Exception):
     """Base of every error caused by input (a file, a setting, the data) rather than by a bug."""
 
+    exit_code = 1
+    """The exit code of a command that stops with this error."""
+
 
 class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be loaded as asked; the message says why and what to do."""
@@ -22,6 +25,15 @@ class EvaluationError(UserError, ValueError):
 
 class CommandError(UserError):
     """A command-line tool cannot do what it was asked (a missing input, an unreadable video)."""
+
+
+class WorseThanBaseError(UserError):
+    """A job that ran to its end, but whose result is worse than what it started from (``posttrain``: the
+    post-trained tokenizer reconstructs the held-out clips worse than the base). Its files are kept."""
+
+    exit_code = 3
+    """Not 1 (the job failed) and not 2 (argparse's exit code for a bad command line): a script can tell that the
+    job ran and its result is worse."""
 
 
 class ExportError(UserError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,50 @@ COMPARISONS = (
     ("latent_drift", "latent drift vs baseline (relative L2)", "{:.5f}"),
     ("token_flip_rate", "token flip rate vs baseline", "{:.5f}"),
 )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a post-trained tokenizer compares with its base on the same held-out clips, by PSNR (dB)."""
+
+    before: float
+    after: float
+    clips: int
+
+    @property
+    def worse(self) -> bool:
+        """Any drop counts (the clips are the same, the evaluation deterministic); a NaN PSNR is worse too."""
+        return not self.after >= self.before
+
+    @property
+    def word(self) -> str:
+        """``worse``, ``better`` or ``unchanged``."""
+        return "worse" if self.worse else "better" if self.after > self.before else "unchanged"
+
+    @property
+    def line(self) -> str:
+        """One line for the terminal, the model card and the report, e.g. ``WORSE than the base: PSNR 6.34 ->
+        5.92 dB (-0.420 dB) on 4 held-out clips``."""
+        label = {
+            "worse": "WORSE than the base",
+            "better": "better than the base",
+            "unchanged": "no better than the base",
+        }
+        change = self.after - self.before
+        return (
+            f"{label[self.word]}: PSNR {self.before:.2f} -> {self.after:.2f} dB ({change:+.3f} dB) "
+            f"on {self.clips} held-out clip{'s' if self.clips != 1 else ''}"
+        )
+
+
+def verdict(results: dict[str, Any]) -> Verdict | None:
+    """The verdict of an evaluation against a baseline (:func:`.evaluate.evaluate` with ``baseline``); None
+    without a baseline PSNR."""
+    base = (results.get("baseline_metrics") or {}).get("psnr")
+    after = (results.get("metrics") or {}).get("psnr")
+    if base is None or after is None:
+        return None
+    return Verdict(float(base), float(after), int(results.get("n_clips") or 0))
 
 
 def safe_name(key: str) -> str:
@@ -165,6 +210,7 @@ def _markdown(results: dict[str, Any]) -> str:
         f"- data: `{results['data']['path']}` ({results['data']['source']}), {results['n_clips']} clips of "
         f"{clip['frames']}x{clip['height']}x{clip['width']} (middle frames, centre crop{resize})",
         f"- run on {results['device']} in {results['dtype']}",
+        *([f"- verdict: **{judged.line}**"] if (judged := verdict(results)) else []),
         "",
         "| metric | baseline | post-trained | change |",
         "|---|---|---|---|",

@@ -279,8 +279,55 @@ def _describe(cfg: TokenizerConfig) -> str:
     return cfg.name + (f" (channels={cfg.channels})" if cfg.channels != base.channels else "")
 
 
-def resolve_config(weights: _Weights, name: str | None, overrides: dict[str, Any]) -> TokenizerConfig:
-    """The config to build for ``weights``: asked for by name, stored with them, or inferred."""
+@dataclass(frozen=True)
+class ModelSettingNames:
+    """How the user of a caller of :func:`load_tokenizer` names the model and its width, so that a checkpoint
+    that does not fit the model asked for comes with the setting that fixes it."""
+
+    model: str
+    """The model setting with a ``{}`` for the name, e.g. ``model.model={}`` or ``--model {}``."""
+    channels: str | None
+    """The width setting with a ``{}``, e.g. ``model.channels={}``; None where there is none (the width is then
+    read from the checkpoint when the model setting is left out)."""
+
+    def fix(self, found: TokenizerConfig, asked: TokenizerConfig) -> str:
+        """What to set so that a request for ``asked`` loads the checkpoint of ``found``."""
+        if self.channels is not None:
+            changes = [self.model.format(found.full_name)] if found.name != asked.name else []
+            if found.channels != asked.channels:
+                changes.append(self.channels.format(found.channels))
+            return "set " + " ".join(changes)
+        leave_out = "leave out " + self.model.format("").strip()
+        if found.channels != asked.channels:
+            return f"{leave_out}: the checkpoint's model and width are then read from it"
+        return f"pass {self.model.format(found.name)}, or {leave_out} to read the model from the checkpoint"
+
+
+TRAIN_OVERRIDES = ModelSettingNames("model.model={}", "model.channels={}")
+"""train_tokenizer.py's overrides (and the ``model`` group of NeMo-Run recipes)."""
+MODEL_FLAG = ModelSettingNames("--model {}", None)
+"""The ``--model`` flag of reconstruct, encode, decode and posttrain (no width flag: they infer it)."""
+
+
+def _fix(found: TokenizerConfig, asked: TokenizerConfig, names: ModelSettingNames | None) -> str:
+    if names is not None:
+        return names.fix(found, asked)
+    # A caller that did not say how its user sets the model: both spellings.
+    return (
+        f"{TRAIN_OVERRIDES.fix(found, asked)} (train_tokenizer.py), or leave out --model "
+        "(the other commands then read the model from the checkpoint)"
+    )
+
+
+def resolve_config(
+    weights: _Weights,
+    name: str | None,
+    overrides: dict[str, Any],
+    setting_names: ModelSettingNames | None = None,
+) -> TokenizerConfig:
+    """The config to build for ``weights``: asked for by name, stored with them, or inferred.
+
+    ``setting_names``: how the caller's user sets the model, named in the fix when the weights do not fit."""
     ranked = identify(weights.state)
     best_cfg, best_diff = ranked[0]
     looks_like = _describe(best_cfg) if best_diff.size == 0 else None
@@ -298,13 +345,20 @@ def resolve_config(weights: _Weights, name: str | None, overrides: dict[str, Any
         config = get_config(name, **overrides)
     diff = diff_layout(weights.state, expected_shapes(config))
     if diff.size:
-        hint = f"this is a {looks_like} checkpoint, you asked for {_describe(config)}. " if looks_like else ""
+        hint = ""
+        if looks_like:
+            fix = _fix(best_cfg, config, setting_names)
+            hint = f"this is a {looks_like} checkpoint, you asked for {_describe(config)}: {fix}. "
         raise CheckpointError(f"{weights.source}: {hint}The weights do not fit {_describe(config)}: {diff.describe()}")
     return config
 
 
 def load_tokenizer(
-    path: str | Path, name: str | None = None, ema: bool = False, **config_overrides: Any
+    path: str | Path,
+    name: str | None = None,
+    ema: bool = False,
+    setting_names: ModelSettingNames | None = None,
+    **config_overrides: Any,
 ) -> CausalVideoTokenizer:
     """Build a tokenizer and load its weights strictly from ``path``.
 
@@ -313,9 +367,11 @@ def load_tokenizer(
     ``.safetensors`` or Lightning ``.ckpt`` file. With ``name=None`` the model is inferred
     from the checkpoint. Weights are fp32 whatever the file's dtype (fp32 master weights).
     ``ema=True`` loads the EMA average kept by a run trained with ``model.ema_decay``.
+    ``setting_names`` says how the caller's user sets the model (:data:`TRAIN_OVERRIDES`, :data:`MODEL_FLAG`),
+    so that a checkpoint of another model or width is refused with the setting that fixes it.
     """
     weights = read_weights(path, ema)
-    config = resolve_config(weights, name, config_overrides)
+    config = resolve_config(weights, name, config_overrides, setting_names)
     network = CausalVideoTokenizer(config)
     network.load_state_dict(weights.state, strict=True)
     return network

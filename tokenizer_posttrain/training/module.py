@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..data.batch import LOSS_MASK, VIDEO
 from ..evaluation.metrics import video_psnr, video_ssim
-from ..io.checkpoint import CONFIG_KEY, load_tokenizer
+from ..io.checkpoint import CONFIG_KEY, TRAIN_OVERRIDES, load_tokenizer
 from ..losses import Loss, LossConfig, build_loss
 from ..network import CausalVideoTokenizer, build_tokenizer
 from .acceleration import StepAcceleration
@@ -165,4 +165,4 @@ def build_network(cfg: ModelConfig) -> CausalVideoTokenizer:
             stacklevel=2,
         )
         return build_tokenizer(cfg.model, **overrides)
-    return load_tokenizer(cfg.jit_ckpt_pth, cfg.model, **overrides)
+    return load_tokenizer(cfg.jit_ckpt_pth, cfg.model, setting_names=TRAIN_OVERRIDES, **overrides)

@@ -13,6 +13,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import BatchesProcessedColumn, ProcessingSpeedColumn
+from rich.progress import ProgressColumn, Task
+from rich.style import Style
+from rich.text import Text
 from torch import Tensor
 
 from ..core.errors import DataError
@@ -103,16 +107,75 @@ class LearningRateLogger(pl.Callback):
             logger.log_metrics(rates, step=step)
 
 
+class _CountColumn(ProgressColumn):
+    """``done/total`` of a bar, with the unit and the micro-batches the training bar carries in its fields."""
+
+    def __init__(self, style: str | Style) -> None:
+        self.style = style
+        super().__init__()
+
+    def render(self, task: Task) -> Text:
+        total = "--" if task.total is None or task.total == float("inf") else int(task.total)
+        text = f"{int(task.completed)}/{total}"
+        if "unit" in task.fields:
+            text += f" {task.fields['unit']}"
+        if task.fields.get("micro"):
+            text += f" ({task.fields['micro']} micro-batches)"
+        return Text(text, style=self.style)
+
+
+class _SpeedColumn(ProgressColumn):
+    """Speed in the bar's own unit (optimizer steps for the training bar, batches elsewhere)."""
+
+    def __init__(self, style: str | Style) -> None:
+        self.style = style
+        super().__init__()
+
+    def render(self, task: Task) -> Text:
+        speed = f"{task.speed:.2f}" if task.speed is not None else "0.00"
+        return Text(f"{speed} {task.fields.get('unit', 'it')}/s", style=self.style)
+
+
 class StepProgressBar(RichProgressBar):
-    """Rich progress bar whose total is the run's micro-batches (``max_steps`` x accumulation), so
-    its ETA is real: the data streams are endless and Lightning's own total is not."""
+    """Rich progress bar that counts optimizer steps, as ``trainer.max_steps`` does, e.g. ``3/3 steps
+    (24/24 micro-batches)`` under gradient accumulation; its total is ``max_steps``, so its ETA is real: the
+    data streams are endless and Lightning's own total is not. Lightning's bar counts the micro-batches of
+    the current epoch instead; without ``max_steps`` this one does the same."""
+
+    def _counts_steps(self) -> bool:
+        return bool(self.trainer.max_steps and self.trainer.max_steps > 0)
 
     @property
     def total_train_batches(self) -> int | float:
-        trainer = self.trainer
-        if trainer.max_steps and trainer.max_steps > 0:
-            return trainer.max_steps * trainer.accumulate_grad_batches
+        if self._counts_steps():
+            return self.trainer.max_steps
         return super().total_train_batches
+
+    def configure_columns(self, trainer: pl.Trainer) -> list:
+        replaced = {BatchesProcessedColumn: _CountColumn, ProcessingSpeedColumn: _SpeedColumn}
+        return [
+            replaced[type(column)](column.style) if type(column) in replaced else column
+            for column in super().configure_columns(trainer)
+        ]
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not self._counts_steps():
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            return
+        if not self.is_disabled and self.train_progress_bar_id is None:
+            self._initialize_train_progress_bar_id()  # as Lightning's: a run resumed mid-epoch has none yet
+        if self.progress is not None and self.is_enabled and self.train_progress_bar_id is not None:
+            fields: dict[str, str] = {"unit": "steps"}
+            accumulate = trainer.accumulate_grad_batches
+            if accumulate > 1:
+                # The optimizer has stepped (global_step counts it) when the last micro-batch of a step ends.
+                micro = trainer.global_step * accumulate + (batch_idx + 1) % accumulate
+                fields["micro"] = f"{micro}/{trainer.max_steps * accumulate}"
+            self.progress.update(self.train_progress_bar_id, completed=trainer.global_step, **fields)
+        self._update_metrics(trainer, pl_module)
+        self.refresh()
 
 
 class RunSummary(pl.Callback):

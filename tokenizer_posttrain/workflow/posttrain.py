@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 from typing import Literal, Optional
 
-from ..core.errors import DataError, UserError
+from ..core.errors import DataError, UserError, WorseThanBaseError
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.layout import dataset_splits
-from ..io.checkpoint import read_weights, resolve_config
+from ..evaluation.report import Verdict
+from ..io.checkpoint import MODEL_FLAG, read_weights, resolve_config
 from ..io.model_card import checkpoint_card
 from ..losses.perceptual import find_vgg16_weights
 from ..network.registry import TokenizerConfig
@@ -156,9 +157,15 @@ def posttrain(
     sweep_steps: int = 50,
     sweep_lrs: Optional[list[float]] = None,
     max_latent_drift: float = 0.05,
+    allow_worse: bool = False,
 ) -> dict:
     """Post-train ``base`` on ``videos``: shards, baseline evaluation, training, evaluation, export with a model
     card. Returns the summary (also written to ``out/summary.json``).
+
+    When the post-trained tokenizer's PSNR on the held-out clips is lower than the base's, the summary says
+    "WORSE than the base: PSNR a -> b dB", the model card and ``summary.json`` record the verdict, and (unless
+    ``allow_worse``) it raises :class:`~tokenizer_posttrain.core.errors.WorseThanBaseError` after writing every
+    file: the ``posttrain`` command then exits with code 3.
 
     Args:
         base: base checkpoint (a folder with autoencoder.jit, or encoder.jit + decoder.jit, or a file)
@@ -184,6 +191,8 @@ def posttrain(
         sweep_lrs: learning rates the sweep tries (default: lr/3, lr, 3 lr)
         max_latent_drift: sweep: only configurations whose latent drift (CV) or token flip rate (DV) stays
             under this
+        allow_worse: finish with exit code 0 even when the post-trained tokenizer is worse than the base on
+            the held-out clips (otherwise exit code 3, its files kept)
     """
     from ..evaluation.evaluate import evaluate
 
@@ -191,7 +200,7 @@ def posttrain(
         OptimConfig(lr=rate)
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = resolve_config(read_weights(base), model, {})
+    config = resolve_config(read_weights(base), model, {}, MODEL_FLAG)
     data_path = prepare_data(Path(videos), run_dir, val_fraction)
     clip = {"frames": frames, "size": size, "resize_short_side": resize_short_side}
     perceptual = perceptual_weight_or_default(perceptual_weight)
@@ -233,14 +242,22 @@ def posttrain(
         str(export_dir), str(data_path), str(run_dir / "eval"), baseline=base, max_clips=eval_clips, **clip
     )
     print("[4/4] model card and summary", flush=True)
+    # Both evaluations read the same held-out clips (the same crops, deterministically).
+    judged = Verdict(before["metrics"]["psnr"], after["metrics"]["psnr"], after["n_clips"])
     (export_dir / "README.md").write_text(
         checkpoint_card(
-            run_dir / "train" / "checkpoints" / "last.ckpt", config.full_name, after, ema=False, global_step=steps
+            run_dir / "train" / "checkpoints" / "last.ckpt",
+            config.full_name,
+            after,
+            ema=False,
+            global_step=steps,
+            verdict=judged.line,
         )
     )
     summary = {
         "psnr_before": before["metrics"]["psnr"],
         "psnr_after": after["metrics"]["psnr"],
+        "verdict": judged.word,
         "chosen": chosen,
         "export": str(export_dir),
         "report": str(run_dir / "eval" / "report.md"),
@@ -248,9 +265,15 @@ def posttrain(
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
         f"PSNR on held-out clips: {summary['psnr_before']:.2f} dB -> {summary['psnr_after']:.2f} dB\n"
-        f"export: {export_dir}\nreport: {summary['report']}",
+        f"post-trained tokenizer: {judged.line}\nexport: {export_dir}\nreport: {summary['report']}",
         flush=True,
     )
+    if judged.worse and not allow_worse:
+        raise WorseThanBaseError(
+            f"the post-trained tokenizer is WORSE than the base: held-out PSNR {judged.before:.2f} -> "
+            f"{judged.after:.2f} dB (export, report and summary kept in {run_dir}); try a lower --lr, more --steps "
+            "or --sweep, or pass --allow-worse to accept it"
+        )
     return summary
 
 
