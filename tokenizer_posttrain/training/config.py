@@ -51,6 +51,7 @@ class LoRAConfig:
     alpha: float = 16.0
     """Scale: adapters add (alpha / rank) * up(down(x))."""
     dropout: float = 0.0
+    """Dropout on the adapters' input while training."""
     targets: list[str] = field(default_factory=lambda: ["*"])
     """fnmatch patterns of convolution module names, e.g. ['decoder.*'] or ['*.attn_1.*']."""
 
@@ -196,15 +197,19 @@ class TrainerConfig:
     accelerator: str = "gpu"
     """'gpu' (falls back to 'cpu' with a warning when there is none) or 'cpu'."""
     strategy: str = "ddp"
+    """Used with more than one process: 'ddp' (our tuned DistributedDataParallel) or any Lightning strategy name."""
     precision: str = "bf16-mixed"
     """bf16-mixed keeps fp32 master weights under bf16 autocast; also bf16-true or 32-true."""
     max_epochs: int = 10000
+    """Epochs when trainer.max_steps is -1 (synthetic data: data.num_train_samples clips each)."""
     max_steps: int = -1
     """Optimizer steps; -1 runs max_epochs."""
     val_check_interval: int = 100
     """Validate every N optimizer steps."""
     limit_val_batches: int = 1
+    """Validation batches per validation (0 turns validation off)."""
     log_every_n_steps: int = 1
+    """Write the training scalars every N optimizer steps."""
     gradient_clip_val: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
     checkpoint_every_n_steps: int = 100
@@ -212,6 +217,7 @@ class TrainerConfig:
     checkpoint_keep: int = 3
     """Step checkpoints kept, newest first (last.ckpt is kept in addition)."""
     seed: int = 1234
+    """Seed of weights initialisation, LoRA dropout, augmentation and the energon shuffle."""
     max_bad_steps: int = 10
     """Steps with a NaN/Inf loss or gradient are skipped; this many in a row stop the run."""
 
@@ -258,10 +264,15 @@ class OptimConfig:
     """AdamW with the Cosmos post-training defaults."""
 
     lr: float = 1e-4
+    """Peak learning rate of AdamW (fused on CUDA)."""
     adam_beta1: float = 0.5
+    """AdamW's first-moment decay (0.5 in the Cosmos recipe)."""
     adam_beta2: float = 0.999
+    """AdamW's second-moment decay."""
     adam_eps: float = 1e-8
+    """AdamW's denominator epsilon."""
     weight_decay: float = 0.01
+    """Decoupled weight decay."""
     lr_groups: Optional[dict[str, float]] = None
     """Learning rate per parameter-name prefix, e.g. {'decoder.': 1e-4, 'encoder.': 1e-5}; the
     longest matching prefix wins, other parameters use optim.lr."""
@@ -315,6 +326,7 @@ class LogConfig:
     """Where a run writes checkpoints, logs and its export."""
 
     log_dir: str = "outputs"
+    """Folder that holds the run folders."""
     name: str = "cosmos_tokenizer"
     """Run name: the run folder is <log_dir>/<name>."""
     export_on_end: bool = True
