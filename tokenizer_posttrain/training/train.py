@@ -195,7 +195,13 @@ class _Problems:
                 self.found.append(err)
             return None
 
-    def raise_any(self) -> None:
+    def raise_any(self, held: list[warnings.WarningMessage]) -> None:
+        """Raise what was found; else pass on the warnings ``held`` back while checking (a failed launch
+        shows only its problems: a warning about random weights would bury them)."""
+        if not self.found:
+            for w in held:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+            return
         if len(self.found) == 1:
             raise self.found[0]
         if self.found:
@@ -274,36 +280,40 @@ def _train(
     if rank_zero_only.rank == 0:
         remove_partial_saves(ckpt_dir)
     problems = _Problems()
-    ckpt_path = problems.check(lambda: find_resume_checkpoint(ckpt_dir, resume))
-    if ckpt_path and trainer.max_steps > 0:
-        done = checkpoint_step(ckpt_path)
-        if done >= trainer.max_steps:
-            if not resume.resume_past_end:
-                raise ValueError(
-                    f"{ckpt_path} already reached step {done} >= trainer.max_steps={trainer.max_steps}; "
-                    "raise trainer.max_steps or start a new run with another log.name"
-                )
-            print(
-                f"Nothing to do: {ckpt_path} is at step {done}, trainer.max_steps={trainer.max_steps}; raise "
-                "trainer.max_steps to train on, or start a new run with another log.name (the run folder is left "
-                f"as it is; to export this checkpoint again: python -m tokenizer_posttrain export --checkpoint "
-                f"{ckpt_path} --out DIR)",
-                flush=True,
+    with warnings.catch_warnings(record=True) as held:
+        warnings.simplefilter("always")
+        ckpt_path = problems.check(lambda: find_resume_checkpoint(ckpt_dir, resume))
+        done = checkpoint_step(ckpt_path) if ckpt_path else 0
+        finished = ckpt_path is not None and 0 < trainer.max_steps <= done
+        if not finished:
+            if ckpt_path and not resume.allow_changes:
+                problems.check(lambda: check_same_run(ckpt_path, current_settings(model, data, loss)))
+            problems.check(lambda: check_clip_shape(model, data))
+            par = problems.check(lambda: resolve_parallelism(trainer, data))
+            model = resolve_compile(model, par.accelerator if par else "cpu")
+            problems.check(lambda: check_data(data, par.world_size if par else 1, trainer.seed))
+            pl.seed_everything(trainer.seed, workers=True, verbose=False)
+            problems.check(lambda: build_loss(loss))  # its weight files on their own: the module stops at the first
+            # Built before the verdict: it loads the checkpoint (its fit).
+            module = problems.check(
+                lambda: TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)
             )
-            return run_dir
-    if ckpt_path and not resume.allow_changes:
-        problems.check(lambda: check_same_run(ckpt_path, current_settings(model, data, loss)))
-    problems.check(lambda: check_clip_shape(model, data))
-    par = problems.check(lambda: resolve_parallelism(trainer, data))
-    model = resolve_compile(model, par.accelerator if par else "cpu")
-    problems.check(lambda: check_data(data, par.world_size if par else 1, trainer.seed))
-    pl.seed_everything(trainer.seed, workers=True, verbose=False)
-    problems.check(lambda: build_loss(loss))  # its weight files, on their own: the module stops at the first
-    # Built before the verdict: it loads the checkpoint (its fit).
-    module = problems.check(
-        lambda: TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)
-    )
-    problems.raise_any()
+    if finished:
+        if not resume.resume_past_end:
+            raise ValueError(
+                f"{ckpt_path} already reached step {done} >= trainer.max_steps={trainer.max_steps}; "
+                "raise trainer.max_steps or start a new run with another log.name"
+            )
+        problems.raise_any(held)
+        print(
+            f"Nothing to do: {ckpt_path} is at step {done}, trainer.max_steps={trainer.max_steps}; raise "
+            "trainer.max_steps to train on, or start a new run with another log.name (the run folder is left "
+            f"as it is; to export this checkpoint again: python -m tokenizer_posttrain export --checkpoint "
+            f"{ckpt_path} --out DIR)",
+            flush=True,
+        )
+        return run_dir
+    problems.raise_any(held)
     assert par is not None and module is not None
     module.hparams["data"] = asdict(data)  # for the model card of the export and the check on resume
     datamodule = build_datamodule(data, model, trainer.seed, resume.allow_pickled_states)
