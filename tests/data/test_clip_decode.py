@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.videos import encode_video
+from tests.videos import encode_video, faststart
 from tokenizer_posttrain.data.clip_decode import Box, ClipReader
 
 
@@ -98,17 +98,6 @@ def test_resize_then_crop() -> None:
     # FFmpeg resizes chroma before converting, we convert after: equal up to edge rounding.
     diff = np.abs(as_uint8_levels(clip) - window.astype(np.float32))
     assert diff.mean() < 2.0, diff.mean()
-
-
-def faststart(data: bytes, path: Path) -> bytes:
-    """The same mp4 with its index moved to the front (FFmpeg rewrites the file to do that)."""
-    with av.open(io.BytesIO(data)) as src, av.open(str(path), "w", options={"movflags": "faststart"}) as dst:
-        stream = dst.add_stream_from_template(src.streams.video[0])
-        for packet in src.demux(src.streams.video[0]):
-            if packet.dts is not None:
-                packet.stream = stream
-                dst.mux(packet)
-    return path.read_bytes()
 
 
 def test_a_truncated_file_gives_fewer_frames_and_broken_ones_raise(tmp_path: Path) -> None:
