@@ -114,22 +114,45 @@ def bigbuckbunny() -> Path:
     return path
 
 
-def write_energon_dataset(root: Path, train: dict[str, bytes], val: dict[str, bytes] | None = None) -> Path:
-    """A prepared energon dataset: ``train.tar`` (and ``val.tar``) holding ``<key>.mp4`` members."""
+def write_energon_dataset(
+    root: Path, train: dict[str, bytes], val: dict[str, bytes] | None = None, train_shards: int = 1
+) -> Path:
+    """A prepared energon dataset: ``train.tar`` (and ``val.tar``) holding ``<key>.mp4`` members; with
+    ``train_shards`` > 1 the train videos are dealt in order into ``train0.tar``, ``train1.tar``, ..."""
     import subprocess
     import sys
 
     import webdataset as wds
 
     root.mkdir(parents=True, exist_ok=True)
-    parts = {"train": train, **({"val": val} if val else {})}
-    for split, videos in parts.items():
-        with wds.TarWriter(str(root / f"{split}.tar")) as writer:
+    keys = list(train)
+    per_shard = -(-len(keys) // train_shards)
+    shards = {"train": train} if train_shards == 1 else {
+        f"train{i}": {k: train[k] for k in keys[i * per_shard : (i + 1) * per_shard]} for i in range(train_shards)
+    }  # fmt: skip
+    if val:
+        shards["val"] = val
+    for name, videos in shards.items():
+        with wds.TarWriter(str(root / f"{name}.tar")) as writer:
             for key, data in videos.items():
                 writer.write({"__key__": key, "mp4": data})
     energon = Path(sys.executable).with_name("energon")
     args = [str(energon), "prepare", "--non-interactive", "--sample-type", "CrudeWebdataset"]
-    for split in parts:
-        args += ["--split-parts", f"{split}:{split}.tar"]
+    args += ["--split-parts", "train:train.tar" if train_shards == 1 else f"train:train{{0..{train_shards - 1}}}.tar"]
+    if val:
+        args += ["--split-parts", "val:val.tar"]
     subprocess.run([*args, str(root)], check=True, capture_output=True, cwd=root)
     return root
+
+
+def cut_inside_sample(shard: Path, sample: int) -> int:
+    """Truncate a prepared tar shard in the middle of its ``sample``-th sample (0-based), as an
+    interrupted copy leaves it; energon's index beside it still lists every sample. Returns the size."""
+    import struct
+
+    index = shard.with_name(shard.name.removesuffix(".tar") + ".tar.idx").read_bytes()
+    offsets = struct.unpack(f"<{len(index) // 8}Q", index)
+    size = (offsets[sample] + offsets[sample + 1]) // 2
+    with open(shard, "r+b") as f:
+        f.truncate(size)
+    return size

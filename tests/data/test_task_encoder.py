@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.videos import encode_video, write_energon_dataset
+from tests.videos import cut_inside_sample, encode_video, write_energon_dataset
 from tokenizer_posttrain.data.batch import ASPECT_RATIO, KEYS, LOSS_MASK, SKIPPED, VIDEO
 from tokenizer_posttrain.data.energon import EnergonVideoDataModule
 from tokenizer_posttrain.data.task_encoder import ClipSpec, nearest_bucket
@@ -175,17 +175,6 @@ def test_host_memory_stays_flat_while_decoding(position_dataset: Path) -> None:
     for _ in range(200):
         next(it)
     assert _rss_mb() - before < 20
-
-
-def cut_inside_sample(shard: Path, sample: int) -> None:
-    """Truncate a prepared tar shard in the middle of its ``sample``-th sample (0-based), as an
-    interrupted copy leaves it; energon's index beside it still lists every sample."""
-    import struct
-
-    index = shard.with_suffix(".tar.idx").read_bytes()
-    offsets = struct.unpack(f"<{len(index) // 8}Q", index)
-    with open(shard, "r+b") as f:
-        f.truncate((offsets[sample] + offsets[sample + 1]) // 2)
 
 
 @pytest.fixture

@@ -180,8 +180,11 @@ class SkippedSamples(pl.Callback):
     so one early bad file does not end a run).
 
     A damaged tar shard is named once, when it is found (``data/damaged_shards`` counts them); the
-    samples skipped in its damaged part count like any other skip but are not listed one by one.
-    The end of the run prints how many were skipped, and where.
+    samples skipped in its damaged part count in ``data/skipped_samples`` but are not listed one by
+    one, and do not count towards ``max_fraction``: they are skipped as they are read, ahead of the
+    shuffle buffer (so ahead of the batches this callback sees), and the launch check has already
+    refused shards that lose more than that fraction. The end of the run prints how many were
+    skipped, and where.
     """
 
     MIN_SAMPLES = 20
@@ -192,6 +195,7 @@ class SkippedSamples(pl.Callback):
         self.used = 0
         self.damaged: dict[str, int] = {}  # shard -> samples skipped in its damaged part
         self._damage_reports: list[str] = []
+        self._unusable = 0  # skipped videos, not counting samples of damaged shards
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -203,6 +207,7 @@ class SkippedSamples(pl.Callback):
             shard = _damaged_shard(reason)
             if shard is None:
                 print(f"[rank {trainer.global_rank}] skipped video {reason}", flush=True)
+                self._unusable += 1
                 continue
             if shard not in self.damaged:
                 self.damaged[shard] = 0
@@ -219,23 +224,20 @@ class SkippedSamples(pl.Callback):
         if self.damaged:
             # This rank's count, no collective: ranks find damaged shards at different steps.
             pl_module.log("data/damaged_shards", float(len(self.damaged)), batch_size=1)
-        total = self.used + len(self.skipped)
-        if total >= self.MIN_SAMPLES and len(self.skipped) > self.max_fraction * total:
+        total = self.used + self._unusable
+        if total >= self.MIN_SAMPLES and self._unusable > self.max_fraction * total:
             videos = [r for r in self.skipped if _damaged_shard(r) is None]
-            listing = "\n  ".join([*self._damage_reports[:10], *videos][:20])
+            listing = "\n  ".join(videos[:20])
+            damage = f"\n  (besides, {self._where().strip(' ()')})" if self.damaged else ""
             raise DataError(
-                f"{len(self.skipped)} of {total} videos read on rank {trainer.global_rank} were unusable, more than "
-                f"data.max_skip_fraction={self.max_fraction}{self._where()}:\n  {listing}\n"
+                f"{self._unusable} of {total} videos read on rank {trainer.global_rank} were unusable, more than "
+                f"data.max_skip_fraction={self.max_fraction}:\n  {listing}{damage}\n"
                 "Run python -m data_tools check on the dataset to list every problem, then fix or remove those files."
             )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.skipped:
-            print(
-                f"[rank {trainer.global_rank}] skipped {len(self.skipped)} of {self.used + len(self.skipped)} "
-                f"videos read{self._where()}",
-                flush=True,
-            )
+            print(f"[rank {trainer.global_rank}] skipped {len(self.skipped)} samples{self._where()}", flush=True)
 
     def _where(self) -> str:
         if not self.damaged:
@@ -244,7 +246,7 @@ class SkippedSamples(pl.Callback):
         shards = ", ".join(f"{name}: {count}" for name, count in sorted(self.damaged.items()))
         return (
             f" ({in_shards} of them in {len(self.damaged)} damaged tar shard(s): {shards}; "
-            f"{len(self.skipped) - in_shards} unusable videos)"
+            f"{self._unusable} unusable videos)"
         )
 
 
