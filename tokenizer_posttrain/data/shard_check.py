@@ -9,11 +9,13 @@ data") when a member's bytes are. Plain files only: no energon, no video stack.
 
 from __future__ import annotations
 
+import io
 import struct
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 INDEX_SUFFIX = ".tar.idx"
 """energon's per-shard index: one little-endian uint64 byte offset per sample, plus the end of the last."""
@@ -89,8 +91,9 @@ def whole_members(tar: tarfile.TarFile, size: int) -> list[tarfile.TarInfo]:
 
 
 class MemberScan:
-    """Every regular member of a tar file whose bytes are all there, as ``(member, bytes)``, in order;
-    iteration stops at the first damage, which ``damage`` then describes (None for a whole file).
+    """Every regular member of a tar file whose bytes are all there, as ``(member, file)`` in order (the
+    file, seekable, reads the member until the next item); iteration stops at the first damage, which
+    ``damage`` then describes (None for a whole file).
 
     ``total`` (the count of samples the shard should hold, when known) only words the damage message;
     ``counts`` picks which members are samples (default: all regular files).
@@ -105,7 +108,7 @@ class MemberScan:
         self.samples = 0
         self.damage: ShardDamage | None = None
 
-    def __iter__(self) -> Iterator[tuple[tarfile.TarInfo, bytes]]:
+    def __iter__(self) -> Iterator[tuple[tarfile.TarInfo, BinaryIO]]:
         self.samples, self.damage = 0, None
         try:
             size = self.path.stat().st_size
@@ -117,10 +120,9 @@ class MemberScan:
                         self._damaged(f"the file ends at byte {size}, inside {member.name}")
                         return
                     handle = tar.extractfile(member)
-                    data = handle.read() if handle is not None else b""
                     if self._counts(member):
                         self.samples += 1
-                    yield member, data
+                    yield member, handle if handle is not None else io.BytesIO()
                 if not self._ends_cleanly(tar.offset, size):
                     self._damaged(f"the archive stops at byte {tar.offset} of {size} without tar's end marker")
         except (tarfile.TarError, OSError, EOFError) as err:
