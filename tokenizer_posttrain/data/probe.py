@@ -193,18 +193,29 @@ class _PacketScan:
     damage: str = ""
 
 
+def index_sizes(stream: av.video.stream.VideoStream) -> list[int] | None:
+    """The size of every packet by the container's index, when it has one entry per frame (mp4, mov, avi)."""
+    entries = stream.index_entries
+    return [e.size for e in entries] if entries is not None and 0 < len(entries) == stream.frames else None
+
+
+def is_cut_off(packet: av.Packet, number: int, sizes: list[int] | None) -> bool:
+    """Whether the ``number``-th (0-based) packet of a stream is cut short: FFmpeg flags it corrupt, or it
+    holds fewer bytes than the index (:func:`index_sizes`) says. What follows it cannot be whole."""
+    expected = sizes[number] if sizes is not None and number < len(sizes) else 0
+    return bool(packet.is_corrupt) or packet.size < expected
+
+
 def _scan_packets(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> _PacketScan:
     """Demux every packet, up to the first one that is cut off (flagged corrupt, or shorter than the
     container's index says); later packets cannot belong to a whole file."""
     scan = _PacketScan()
-    entries = stream.index_entries
-    sizes = [e.size for e in entries] if entries is not None and 0 < len(entries) == stream.frames else None
+    sizes = index_sizes(stream)
     try:
         for packet in container.demux(stream):
             if packet.size == 0:  # the flush packet at the end
                 continue
-            expected = sizes[scan.whole] if sizes is not None and scan.whole < len(sizes) else 0
-            if packet.is_corrupt or packet.size < expected:
+            if is_cut_off(packet, scan.whole, sizes):
                 scan.damage = f"the file ends inside frame {scan.whole + 1}"
                 break
             if packet.is_keyframe and packet.pts is not None:
