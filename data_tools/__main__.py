@@ -39,13 +39,23 @@ Prepare an existing folder of webdataset tar shards for megatron-energon in plac
 other shards are split whole by a hash of their name. Re-preparing a prepared folder overwrites its metadata."""
 
 CHECK_HELP = """\
-Probe every sample of DATA (a folder of tar shards, prepared or not, or a plain folder of videos) without
-decoding pixels, and report what keeps it from giving a FRAMES x CROP x CROP clip: unreadable, no_video_stream,
-too_few_frames, too_small (errors); low_resolution, variable_fps, odd_fps, duplicate (warnings).
+Probe every sample of DATA (a folder of tar shards, prepared or not, or a plain folder of videos) and report
+what keeps it from giving a FRAMES x CROP x CROP clip: unreadable, no_video_stream, partial_video,
+unsupported_rotation, too_few_frames, too_small (errors); low_resolution, variable_fps, odd_fps, duplicate
+(warnings); and damaged_shard (error) for a tar shard that is cut short or damaged, with how many of the
+samples its energon index lists can still be read.
+
+Probing reads every packet of a video and decodes from its last keyframe to the end: a file cut short (e.g. an
+mp4 written with its index at the front) is reported as partial_video with "N of M frames readable". --deep
+decodes every frame instead, which also finds damage in the middle of a file whose packets are all whole.
+
+Videos with a display matrix (phone videos, stored sideways) are decoded upright, in training and by
+reconstruct; sizes here are as displayed. A matrix that is not a multiple of 90 degrees is an error
+(unsupported_rotation).
 
 Prints a table per problem code and writes every problem as a json line to --report.
-Exit status: 0 no errors (warnings allowed); 1 some sample has an error (0 with --allow-skips);
-2 DATA missing or without samples."""
+Exit status: 0 no errors (warnings allowed); 1 some sample has an error or a shard is damaged (0 with
+--allow-skips); 2 DATA missing or without samples."""
 
 
 def _size(text: str) -> int:
@@ -136,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--allow-skips", action="store_true", help="exit 0 even when samples have errors")
     check.add_argument(
+        "--deep",
+        action="store_true",
+        help="decode every frame of every video (slower), to find damage in the middle of files whose "
+        "packets are all whole; by default only the frames from the last keyframe on are decoded",
+    )
+    check.add_argument(
         "--report",
         metavar="PATH",
         type=Path,
@@ -177,7 +193,7 @@ def _make_shards(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else 160)  # logs are read later; keep rows unwrapped
-    found = check_dataset(args.data, args.frames, args.crop, args.resize_short_side)
+    found = check_dataset(args.data, args.frames, args.crop, args.resize_short_side, deep=args.deep)
     try:
         write_report(found, args.report)
     except OSError as err:
@@ -186,14 +202,15 @@ def _check(args: argparse.Namespace) -> int:
         )
     print_summary(found, console, args.report)
     bad = found.bad_samples("error")
-    if not bad:
+    if not bad and not found.damaged:
         return 0
+    lost = f" and {len(found.damaged)} tar shards are damaged" if found.damaged else ""
     if args.allow_skips:
-        console.print(f"[yellow]warning:[/] {len(bad)} samples cannot give the clip; --allow-skips given, exit 0")
+        console.print(f"[yellow]warning:[/] {len(bad)} samples cannot give the clip{lost}; --allow-skips given, exit 0")
         return 0
     console.print(
         f"[red]error:[/] {len(bad)} of {found.samples} samples cannot give a {args.frames}x{args.crop}x{args.crop} "
-        "clip; fix or remove them (see the report), or pass --allow-skips to let training skip them"
+        f"clip{lost}; fix or remove them (see the report), or pass --allow-skips to let training skip them"
     )
     return 1
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from tokenizer_posttrain.data.probe import Problem, VideoProbeError, clip_problems, probe_video
+from tokenizer_posttrain.data.shard_check import MemberScan, ShardDamage, index_offsets
 
 from .prepare import META, find_shards
 from .sources import find_videos, is_video
@@ -28,36 +28,56 @@ class NoSamples(Exception):
     """DATA does not exist or holds no video samples (exit status 2)."""
 
 
+DAMAGED_SHARD = "damaged_shard"
+
+
 @dataclass
 class Findings:
-    """Every problem found, per sample, in reading order."""
+    """Every problem found, per sample, in reading order; and the tar shards that are cut short or
+    damaged (their samples from the damage on cannot be read, so they are not among ``samples``)."""
 
     samples: int = 0
     problems: list[tuple[str, Problem]] = field(default_factory=list)
+    damaged: list[ShardDamage] = field(default_factory=list)
 
     def bad_samples(self, severity: str) -> set[str]:
         """Names of the samples with at least one problem of ``severity``."""
         return {name for name, p in self.problems if p.severity == severity}
 
+    @property
+    def lost(self) -> int:
+        """Samples the damaged shards' indexes list that cannot be read (unknown ones count 0)."""
+        return sum(d.lost or 0 for d in self.damaged)
 
-def _samples_in_tars(root: Path, shards: list[str]) -> Iterator[tuple[str, BinaryIO]]:
+    def all_problems(self) -> list[tuple[str, Problem]]:
+        """The samples' problems, then one ``damaged_shard`` error per damaged shard (named by the shard)."""
+        shards = [(d.shard, Problem("error", DAMAGED_SHARD, d.message())) for d in self.damaged]
+        return [*self.problems, *shards]
+
+
+def _samples_in_tars(root: Path, shards: list[str], damaged: list[ShardDamage]) -> Iterator[tuple[str, BinaryIO]]:
+    """Video members of each shard up to its first damage, which goes to ``damaged``."""
     for shard in shards:
-        with tarfile.open(root / shard) as tar:
-            for member in tar:
-                if member.isfile() and is_video(Path(member.name)):
-                    f = tar.extractfile(member)
-                    if f is not None:
-                        yield f"{shard}:{member.name}", f
+        offsets = index_offsets(root / shard)
+        scan = MemberScan(root / shard, None if offsets is None else len(offsets) - 1, lambda m: is_video(Path(m.name)))
+        for member, f in scan:
+            if is_video(Path(member.name)):
+                yield f"{shard}:{member.name}", f
+        if scan.damage is not None:
+            damaged.append(scan.damage)
 
 
 @contextmanager
-def _open_samples(data: Path) -> Iterator[tuple[Iterator[tuple[str, BinaryIO]], int | None]]:
-    """(name, seekable file) for every video sample under ``data``, plus the count when known cheaply."""
+def _open_samples(
+    data: Path, damaged: list[ShardDamage]
+) -> Iterator[tuple[Iterator[tuple[str, BinaryIO]], int | None]]:
+    """(name, seekable file) for every video sample under ``data``, plus the count when known cheaply;
+    damaged tar shards go to ``damaged``."""
     if not data.exists():
         raise NoSamples(f"{data} does not exist")
     if data.is_file():
         if data.suffix == ".tar":
-            yield _samples_in_tars(data.parent, [data.name]), None
+            yield _samples_in_tars(data.parent, [data.name], damaged), None
         elif is_video(data):
             yield _files([data], data.parent), 1
         else:
@@ -65,7 +85,7 @@ def _open_samples(data: Path) -> Iterator[tuple[Iterator[tuple[str, BinaryIO]], 
         return
     shards = find_shards(data)
     if shards:
-        yield _samples_in_tars(data, shards), _indexed_count(data)
+        yield _samples_in_tars(data, shards, damaged), _indexed_count(data)
         return
     videos = find_videos(data)
     if not videos:
@@ -94,14 +114,17 @@ def _sha1(f: BinaryIO) -> str:
     return digest.hexdigest()
 
 
-def check_dataset(data: Path, frames: int, crop: int, resize_short_side: int | None = None) -> Findings:
-    """Probe every sample of ``data`` (tar shards or a folder of videos) and collect its problems.
+def check_dataset(
+    data: Path, frames: int, crop: int, resize_short_side: int | None = None, deep: bool = False
+) -> Findings:
+    """Probe every sample of ``data`` (tar shards or a folder of videos) and collect its problems;
+    ``deep`` decodes every frame of every video (see :func:`probe_video`).
 
     Raises :class:`NoSamples` when ``data`` is missing or holds no video.
     """
     found = Findings()
     first_seen: dict[str, str] = {}
-    with _open_samples(data) as (samples, total):
+    with _open_samples(data, found.damaged) as (samples, total):
         for name, f in tqdm(samples, total=total, unit="video", desc="checking", disable=None, file=sys.stderr):
             found.samples += 1
             sha1 = _sha1(f)
@@ -120,28 +143,28 @@ def check_dataset(data: Path, frames: int, crop: int, resize_short_side: int | N
             else:
                 first_seen[sha1] = name
             try:
-                info = probe_video(f)
+                info = probe_video(f, deep=deep)
             except VideoProbeError as err:
                 found.problems.append((name, err.problem()))
                 continue
             found.problems.extend((name, p) for p in clip_problems(info, frames, crop, resize_short_side))
-    if found.samples == 0:
+    if found.samples == 0 and not found.damaged:
         raise NoSamples(f"{data} holds no video samples (tar members ending in .mp4 .mov .m4v .mkv .webm .avi)")
     return found
 
 
 def write_report(found: Findings, path: Path) -> None:
-    """One json line per problem: sample, severity, code, message."""
+    """One json line per problem: sample (the shard's name for a damaged shard), severity, code, message."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
-        for name, p in found.problems:
+        for name, p in found.all_problems():
             f.write(json.dumps({"sample": name, "severity": p.severity, "code": p.code, "message": p.message}) + "\n")
 
 
 def print_summary(found: Findings, console: Console, report: Path) -> None:
     """A table of problem codes (count, severity, first offenders) and the usable total."""
     by_code: dict[str, list[tuple[str, Problem]]] = {}
-    for name, p in found.problems:
+    for name, p in found.all_problems():
         by_code.setdefault(p.code, []).append((name, p))
     if by_code:
         table = Table(title="Problems per code")
@@ -158,3 +181,9 @@ def print_summary(found: Findings, console: Console, report: Path) -> None:
         f"samples: {found.samples} total, {found.samples - len(errors)} usable, {len(errors)} with errors, "
         f"{len(warnings - errors)} with warnings only; all problems are in {report}"
     )
+    if found.damaged:
+        names = ", ".join(d.shard for d in found.damaged[:EXAMPLES])
+        console.print(
+            f"damaged tar shards: {len(found.damaged)} ({names}), {found.lost} more samples in them cannot be read "
+            "(not counted above); re-create them (python -m data_tools make-shards) or restore the files"
+        )

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import av
 
+from tokenizer_posttrain.data.orientation import display_matrix
+
 CRF = 18  # visually lossless for h264: the tokenizer should learn the footage, not our artefacts
 GOP = 16
 """Frames between keyframes. Training seeks to a random frame and must decode from the keyframe
@@ -29,8 +31,8 @@ def transcode(src: Path, dst: Path, max_height: int | None = None) -> int:
     :data:`GOP` frames, tuned for fast decoding (:data:`TUNE`); returns the frame count.
 
     Frames get consecutive timestamps at the source's average rate, so a variable-frame-rate
-    source comes out constant-rate with the same frames. Audio is dropped (the tokenizer has no use
-    for it). Raises ``av.FFmpegError``/``OSError`` on a damaged source.
+    source comes out constant-rate with the same frames; the display matrix (phone videos) is kept.
+    Audio is dropped (the tokenizer has no use for it). Raises ``av.FFmpegError``/``OSError`` on a damaged source.
     """
     written = 0
     with av.open(str(src)) as inp:
@@ -47,6 +49,12 @@ def transcode(src: Path, dst: Path, max_height: int | None = None) -> int:
             stream.codec_context.time_base = 1 / rate
             stream.options = {"crf": str(CRF), "g": str(GOP), "keyint_min": str(GOP), "tune": TUNE}
             for frame in inp.decode(in_stream):
+                if written == 0:
+                    # The display matrix lives in the container, not in the pixels: carry it over, or a
+                    # phone video comes out sideways (training and reconstruct apply it when decoding).
+                    matrix = display_matrix(frame)
+                    if matrix is not None:
+                        stream.set_display_matrix(matrix)
                 if (frame.width, frame.height, frame.format.name) != (width, height, "yuv420p"):
                     frame = frame.reformat(width=width, height=height, format="yuv420p", interpolation="AREA")
                 frame.pts, frame.time_base = written, 1 / rate

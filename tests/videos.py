@@ -40,21 +40,30 @@ def encode_video(
     pts_steps: list[int] | None = None,
     pix_fmt: str = "yuv420p",
     colorspace: int | None = None,
+    rotation: int | None = None,
+    mirror: bool = False,
+    gop: int | None = None,
+    images: np.ndarray | None = None,
 ) -> bytes:
     """Encode a synthetic clip to bytes. ``pts_steps`` (in 1/1000 s) makes variable frame rate;
-    ``colorspace`` (FFmpeg's AVColorSpace number, e.g. 1 for BT.709) tags the stream."""
+    ``colorspace`` (FFmpeg's AVColorSpace number, e.g. 1 for BT.709) tags the stream; ``rotation``
+    (counter-clockwise degrees, as FFmpeg reports it) and ``mirror`` write a display matrix, as phones
+    do; ``gop`` sets the frames between keyframes; ``images`` (``[T, H, W, 3]`` uint8) replaces the
+    synthetic frames."""
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container) as out:
         rate = Fraction(fps).limit_denominator(1001)
-        stream = out.add_stream(codec, rate=rate)
+        stream = out.add_stream(codec, rate=rate, options={"g": str(gop)} if gop else None)
         stream.width, stream.height = width, height
         stream.pix_fmt = pix_fmt
+        if rotation is not None or mirror:
+            stream.set_display_rotation(rotation or 0, hflip=mirror)
         if colorspace is not None:
             stream.codec_context.colorspace = colorspace
         if pts_steps is not None:
             stream.codec_context.time_base = Fraction(1, 1000)
         pts = 0
-        for i, img in enumerate(frames_array(frames, height, width, seed)):
+        for i, img in enumerate(frames_array(frames, height, width, seed) if images is None else images):
             frame = av.VideoFrame.from_ndarray(img, format="rgb24")
             if colorspace is not None:  # convert with the matrix the stream is tagged with
                 frame = frame.reformat(format=pix_fmt, dst_colorspace=colorspace)
@@ -67,6 +76,19 @@ def encode_video(
         for packet in stream.encode():
             out.mux(packet)
     return buf.getvalue()
+
+
+def faststart(data: bytes, path: Path) -> bytes:
+    """The same mp4 with its index moved to the front, as phones and web uploads write it (FFmpeg
+    rewrites the file to do that, so it needs a real ``path``). Cut short, such a file still promises
+    every frame."""
+    with av.open(io.BytesIO(data)) as src, av.open(str(path), "w", options={"movflags": "faststart"}) as dst:
+        stream = dst.add_stream_from_template(src.streams.video[0])
+        for packet in src.demux(src.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                dst.mux(packet)
+    return path.read_bytes()
 
 
 def write_video(path: Path, frames: int, height: int, width: int, **kwargs) -> Path:  # noqa: ANN003
@@ -92,22 +114,45 @@ def bigbuckbunny() -> Path:
     return path
 
 
-def write_energon_dataset(root: Path, train: dict[str, bytes], val: dict[str, bytes] | None = None) -> Path:
-    """A prepared energon dataset: ``train.tar`` (and ``val.tar``) holding ``<key>.mp4`` members."""
+def write_energon_dataset(
+    root: Path, train: dict[str, bytes], val: dict[str, bytes] | None = None, train_shards: int = 1
+) -> Path:
+    """A prepared energon dataset: ``train.tar`` (and ``val.tar``) holding ``<key>.mp4`` members; with
+    ``train_shards`` > 1 the train videos are dealt in order into ``train0.tar``, ``train1.tar``, ..."""
     import subprocess
     import sys
 
     import webdataset as wds
 
     root.mkdir(parents=True, exist_ok=True)
-    parts = {"train": train, **({"val": val} if val else {})}
-    for split, videos in parts.items():
-        with wds.TarWriter(str(root / f"{split}.tar")) as writer:
+    keys = list(train)
+    per_shard = -(-len(keys) // train_shards)
+    shards = {"train": train} if train_shards == 1 else {
+        f"train{i}": {k: train[k] for k in keys[i * per_shard : (i + 1) * per_shard]} for i in range(train_shards)
+    }  # fmt: skip
+    if val:
+        shards["val"] = val
+    for name, videos in shards.items():
+        with wds.TarWriter(str(root / f"{name}.tar")) as writer:
             for key, data in videos.items():
                 writer.write({"__key__": key, "mp4": data})
     energon = Path(sys.executable).with_name("energon")
     args = [str(energon), "prepare", "--non-interactive", "--sample-type", "CrudeWebdataset"]
-    for split in parts:
-        args += ["--split-parts", f"{split}:{split}.tar"]
+    args += ["--split-parts", "train:train.tar" if train_shards == 1 else f"train:train{{0..{train_shards - 1}}}.tar"]
+    if val:
+        args += ["--split-parts", "val:val.tar"]
     subprocess.run([*args, str(root)], check=True, capture_output=True, cwd=root)
     return root
+
+
+def cut_inside_sample(shard: Path, sample: int) -> int:
+    """Truncate a prepared tar shard in the middle of its ``sample``-th sample (0-based), as an
+    interrupted copy leaves it; energon's index beside it still lists every sample. Returns the size."""
+    import struct
+
+    index = shard.with_name(shard.name.removesuffix(".tar") + ".tar.idx").read_bytes()
+    offsets = struct.unpack(f"<{len(index) // 8}Q", index)
+    size = (offsets[sample] + offsets[sample + 1]) // 2
+    with open(shard, "r+b") as f:
+        f.truncate(size)
+    return size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -14,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from tests.conftest import ROOT, reference_weights
-from tests.videos import frames_array, write_video
+from tests.videos import encode_video, faststart, frames_array, write_video
 from tokenizer_posttrain.commands import infer
 
 
@@ -104,3 +105,41 @@ def test_cli_in_a_fresh_process_fails_cleanly(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert result.stderr.startswith("error: input video") and "Traceback" not in result.stderr
+
+
+def test_a_partial_input_fails_naming_its_readable_frames_unless_allowed(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Before: reconstruct wrote the readable frames of a cut file and exited 0 without a word.
+    whole = faststart(encode_video(72, 32, 48, fps=24), tmp_path / "whole.mp4")
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(whole[: int(len(whole) * 0.4)])
+    ckpt, out = reference_weights("CV8x8x8"), tmp_path / "rec.mp4"
+    assert run_infer("reconstruct", "--checkpoint", ckpt, "--input", cut, "--output", out) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    readable = int(re.search(r"only (\d+) of 72 frames are readable \(the file ends inside frame", err).group(1))
+    assert 10 < readable < 30 and "--allow-partial" in err
+    assert not out.exists()
+    assert run_infer("reconstruct", "--checkpoint", ckpt, "--input", cut, "--output", out, "--allow-partial") == 0
+    captured = capsys.readouterr()
+    assert f"warning: {cut}: only {readable} of 72 frames are readable" in captured.err
+    assert f"partial input: {readable} of 72 frames" in captured.out
+    assert probe(out)[0] == readable
+    latents = tmp_path / "l.safetensors"
+    assert run_infer("encode", "--checkpoint", ckpt, "--input", cut, "--output", latents) == 1
+    assert "--allow-partial" in capsys.readouterr().err
+
+
+def test_a_turned_input_is_reconstructed_upright(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # Stored 48x32 landscape with a display matrix: shown (and now reconstructed) as 32x48 portrait.
+    source = tmp_path / "phone.mp4"
+    source.write_bytes(encode_video(9, 32, 48, fps=10, rotation=-90))
+    out = tmp_path / "rec.mp4"
+    ckpt = reference_weights("CV8x8x8")
+    assert run_infer("reconstruct", "--checkpoint", ckpt, "--input", source, "--output", out) == 0
+    assert "display matrix applied: rotated 90 degrees clockwise" in capsys.readouterr().out
+    assert probe(out) == (9, 48, 32, 10)  # frames, height, width, rate
+    video = infer.read_video(source)
+    stored = infer.read_video(out)  # written upright, without a matrix
+    assert video.frames.shape == stored.frames.shape == (9, 48, 32, 3) and stored.orientation.is_identity

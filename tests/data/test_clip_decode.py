@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.videos import encode_video
+from tests.videos import encode_video, faststart
 from tokenizer_posttrain.data.clip_decode import Box, ClipReader
+from tokenizer_posttrain.data.orientation import Orientation
 
 
 def full_rgb(data: bytes, size: tuple[int, int] | None = None) -> np.ndarray:
@@ -100,15 +101,33 @@ def test_resize_then_crop() -> None:
     assert diff.mean() < 2.0, diff.mean()
 
 
-def faststart(data: bytes, path: Path) -> bytes:
-    """The same mp4 with its index moved to the front (FFmpeg rewrites the file to do that)."""
-    with av.open(io.BytesIO(data)) as src, av.open(str(path), "w", options={"movflags": "faststart"}) as dst:
-        stream = dst.add_stream_from_template(src.streams.video[0])
-        for packet in src.demux(src.streams.video[0]):
-            if packet.dts is not None:
-                packet.stream = stream
-                dst.mux(packet)
-    return path.read_bytes()
+@pytest.mark.parametrize(
+    ("rotation", "mirror", "turn"),
+    [
+        (-90, False, Orientation(3)),
+        (90, False, Orientation(1)),
+        (180, False, Orientation(2)),
+        (90, True, Orientation(1, True)),
+    ],
+)
+def test_turned_videos_come_out_upright(rotation: int, mirror: bool, turn: Orientation) -> None:
+    # Stored 80x48 with a display matrix, as phones write portrait video; the clip is the picture as shown.
+    data = encode_video(12, 48, 80, rotation=rotation, mirror=mirror)
+    shown = np.stack([turn.apply_numpy(frame) for frame in full_rgb(data)])
+    height, width = shown.shape[1:3]
+    with ClipReader(io.BytesIO(data)) as reader:
+        assert reader.orientation == turn
+        assert (reader.frames, reader.width, reader.height) == (12, width, height)
+        for box in (Box(0, 0, 32, 32), Box(3, 5, 21, 27), Box(height - 17, width - 19, 17, 19)):
+            clip = reader.read(2, 5, box)
+            assert clip.shape == (3, 5, box.height, box.width)
+            assert_matches(clip, shown[2:7, box.top : box.top + box.height, box.left : box.left + box.width])
+        # a resize is given as displayed too: (width, height) of the upright picture
+        size = (width // 2, height // 2)
+        clip = reader.read(0, 3, Box(0, 0, size[1], size[0]), size=size)
+    stored_size = (size[1], size[0]) if turn.swaps_sides else size
+    resized = np.stack([turn.apply_numpy(frame) for frame in full_rgb(data, stored_size)])[:3]
+    assert np.abs(as_uint8_levels(clip) - resized.astype(np.float32)).mean() < 2.0
 
 
 def test_a_truncated_file_gives_fewer_frames_and_broken_ones_raise(tmp_path: Path) -> None:

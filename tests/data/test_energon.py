@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, read_metrics, run_cli, run_script, run_torchrun
-from tests.videos import bigbuckbunny, write_video
+from tests.videos import bigbuckbunny, cut_inside_sample, encode_video, write_energon_dataset, write_video
 
 TINY = [
     "--factory",
@@ -111,6 +111,35 @@ def test_too_many_bad_videos_stop_the_run_with_their_names(tmp_path: Path) -> No
     assert "were unusable, more than data.max_skip_fraction=0.2" in result.stderr
     assert "short" in result.stderr and "fewer than the 17 a clip needs" in result.stderr
     assert "skipped video" in result.stdout  # each skip is logged as it happens
+
+
+def test_a_cut_shard_is_skipped_named_and_counted_and_training_goes_on(tmp_path: Path) -> None:
+    # Before: tarfile.ReadError at launch (preflight) and, past it, in the loader: a traceback, no shard named.
+    videos = {f"v{i:02d}": encode_video(20, 64, 64, seed=i) for i in range(20)}
+    data = write_energon_dataset(tmp_path / "data", videos, train_shards=2)
+    cut_inside_sample(data / "train1.tar", 2)  # samples 3 to 10 of train1.tar are gone
+    result = run_cli(
+        *TINY,
+        f"data.path={data}",
+        "data.num_workers=1",
+        "data.max_skip_fraction=0.6",
+        "trainer.max_steps=10",
+        f"log.log_dir={tmp_path}",
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    # named at launch, with what is lost
+    assert "train1.tar: damaged tar shard: the file ends at byte" in result.stderr
+    assert "2 of 10 samples readable" in result.stderr and "training skips the 8 lost samples" in result.stderr
+    # named once when the loader meets it, then counted
+    assert result.stdout.count("warning: train1.tar: damaged tar shard (ReadError") == 1
+    assert "sample 3 of 10 cannot be read, so samples 3 to 10 of it are skipped" in result.stdout
+    assert "in 1 damaged tar shard(s): train1.tar: " in result.stdout
+    rows = read_metrics(tmp_path / "tiny_cv8x8x8")
+    assert max(float(r["data/skipped_samples"]) for r in rows if r.get("data/skipped_samples")) > 0
+    keys = {k for rec in trace(tmp_path / "tiny_cv8x8x8") for k in rec["keys"]}
+    assert keys <= {f"v{i:02d}" for i in range(12)}  # train0's ten and train1's first two
 
 
 def test_bigbuckbunny_trains(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ import av
 import numpy as np
 import pytest
 
-from tests.videos import bigbuckbunny, encode_video, write_video
+from tests.videos import bigbuckbunny, encode_video, faststart, write_video
+from tokenizer_posttrain.data.orientation import Orientation
 from tokenizer_posttrain.data.probe import Problem, VideoInfo, VideoProbeError, clip_problems, probe_video
 
 
@@ -42,10 +43,12 @@ def audio_only_mp4() -> bytes:
 def test_probe_values(codec: str, container: str, name: str, fps: int, height: int, width: int) -> None:
     data = encode_video(17, height, width, fps=fps, codec=codec, container=container)
     info = probe_video(data)
+    promised = 0 if container in ("matroska", "webm") else 17  # mkv and webm state no frame count
     assert info == VideoInfo(
         frames=17, fps=pytest.approx(fps), width=width, height=height, duration=pytest.approx(17 / fps, abs=0.05),
-        codec=name, variable_fps=False,
+        codec=name, variable_fps=False, promised=promised,
     )  # fmt: skip
+    assert probe_video(data, deep=True) == info
 
 
 def test_probe_path_bytes_and_file_agree(tmp_path: Path) -> None:
@@ -98,6 +101,53 @@ def test_probe_truncated_mkv_counts_what_is_left() -> None:
     data = encode_video(30, 64, 96, container="matroska")
     info = probe_video(data[: len(data) // 2])
     assert 0 < info.frames < 30
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.4, 0.5])
+def test_probe_finds_a_faststart_mp4_cut_short(fraction: float, tmp_path: Path) -> None:
+    # The index at the front still promises all 72 frames; the frames after the cut are gone.
+    data = faststart(encode_video(72, 64, 96, fps=24), tmp_path / "whole.mp4")
+    info = probe_video(data[: int(len(data) * fraction)])
+    assert info.promised == 72
+    assert 0.5 * fraction * 72 < info.frames < fraction * 72 + 3
+    assert "the file ends inside frame" in info.damage
+    # even a clip short enough to fit in the readable part is refused: the file is damaged
+    problems = {p.code: p for p in clip_problems(info, frames=9, crop=64)}
+    assert problems["partial_video"].severity == "error"
+    assert f"{info.frames} of 72 frames readable" in problems["partial_video"].message
+    assert probe_video(data) == VideoInfo(
+        frames=72, fps=24.0, width=96, height=64, duration=pytest.approx(3.0), codec="h264", variable_fps=False,
+        promised=72,
+    )  # fmt: skip
+
+
+def test_deep_probe_finds_damage_the_tail_check_cannot_see() -> None:
+    # Garbage inside the first third: every packet is whole, the last keyframe's frames decode.
+    damaged = bytearray(encode_video(72, 96, 160, gop=8))
+    at = len(damaged) // 3
+    damaged[at : at + 2000] = np.random.default_rng(0).integers(0, 256, 2000, dtype=np.uint8).tobytes()
+    fast, deep = probe_video(bytes(damaged)), probe_video(bytes(damaged), deep=True)
+    assert (fast.frames, fast.damage) == (72, "")
+    assert 0 < deep.frames < 72 and deep.promised == 72
+    assert f"frame {deep.frames + 1} does not decode" in deep.damage
+    assert "partial_video" in {p.code for p in clip_problems(deep, 9, 64)}
+
+
+def test_probe_reads_the_display_matrix() -> None:
+    # A phone-style portrait video: stored 96x64 landscape, shown turned 90 degrees clockwise.
+    info = probe_video(encode_video(12, 64, 96, rotation=-90))
+    assert (info.width, info.height) == (96, 64)
+    assert info.orientation == Orientation(quarter_turns=3) and info.display_size() == (64, 96)
+    assert probe_video(encode_video(12, 64, 96)).display_matrix is None
+    (small,) = [p for p in clip_problems(info, 9, 80) if p.code == "too_small"]
+    assert "frame 64x96 is smaller" in small.message  # the size as shown, and as training decodes it
+
+
+def test_clip_problems_unsupported_rotation() -> None:
+    tilted = (46341, 46341, 0, -46341, 46341, 0, 0, 0, 1 << 30)  # 45 degrees
+    problems = {p.code: p for p in clip_problems(_info(display_matrix=tilted), 33, 256)}
+    assert problems["unsupported_rotation"].severity == "error"
+    assert "45 degrees" in problems["unsupported_rotation"].message
 
 
 def test_probe_no_video_stream() -> None:

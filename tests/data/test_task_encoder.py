@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.videos import encode_video, write_energon_dataset
+from tests.videos import cut_inside_sample, encode_video, write_energon_dataset
 from tokenizer_posttrain.data.batch import ASPECT_RATIO, KEYS, LOSS_MASK, SKIPPED, VIDEO
 from tokenizer_posttrain.data.energon import EnergonVideoDataModule
 from tokenizer_posttrain.data.task_encoder import ClipSpec, nearest_bucket
@@ -175,3 +175,47 @@ def test_host_memory_stays_flat_while_decoding(position_dataset: Path) -> None:
     for _ in range(200):
         next(it)
     assert _rss_mb() - before < 20
+
+
+@pytest.fixture
+def cut_dataset(tmp_path: Path) -> Path:
+    videos = {f"v{i}": encode_video(12, 48, 64, seed=i) for i in range(10)}
+    data = write_energon_dataset(tmp_path / "cut", videos)
+    cut_inside_sample(data / "train.tar", 4)
+    return data
+
+
+def test_a_cut_shard_is_skipped_from_the_cut_on_and_named(cut_dataset: Path) -> None:
+    # Before: tarfile.ReadError out of energon's reader, and the stream ended.
+    found = batches(cut_dataset, ClipSpec(frames=9, height=32, width=32), 12)
+    assert {k for b in found for k in b[KEYS]} == {"v0", "v1", "v2", "v3"}
+    skipped = [s for b in found for s in b[SKIPPED]]
+    first = skipped[0]
+    assert first.startswith("train.tar: damaged tar shard (ReadError: ")
+    assert "sample 5 of 10 cannot be read, so samples 5 to 10 of it are skipped" in first
+    assert "python -m data_tools make-shards" in first
+    # the rest of the shard is skipped without reading it again, each sample counted, every pass
+    later = "in the damaged part of its tar shard (from sample 5 on)"
+    assert skipped[1:6] == [f"train.tar#{n}: {later}" for n in range(6, 11)]
+    assert skipped[6:] == [f"train.tar#{n}: {later}" for n in range(5, 11)]
+
+
+def test_a_worker_left_with_nothing_but_damage_fails_in_one_line(cut_dataset: Path) -> None:
+    from tokenizer_posttrain.core.errors import DataError
+
+    # Two workers: the second one's share (samples 6 to 10) lies wholly after the cut.
+    with pytest.raises(DataError) as err:
+        batches(cut_dataset, ClipSpec(frames=9, height=32, width=32), 6, workers=2)
+    message = str(err.value)
+    assert "\n" not in message and "Traceback" not in message
+    assert "damaged part of tar shards (train.tar)" in message and "make-shards" in message
+
+
+def test_turned_videos_are_bucketed_as_displayed(tmp_path: Path) -> None:
+    # Stored landscape, displayed portrait (a phone held upright): the 9:16 bucket, not 16:9.
+    spec = ClipSpec(frames=9, height=64, width=64, aspect_buckets=True)
+    portrait = encode_video(12, 72, 128, rotation=-90)
+    data = write_energon_dataset(tmp_path / "turned", {f"p{i}": portrait for i in range(2)})
+    for batch in batches(data, spec, 2):
+        assert batch[ASPECT_RATIO].tolist()[0] < 0.67
+        assert batch[VIDEO].shape[-2] > batch[VIDEO].shape[-1]

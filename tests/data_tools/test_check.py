@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tests.videos import bigbuckbunny, encode_video
+from tests.videos import bigbuckbunny, cut_inside_sample, encode_video, faststart, write_energon_dataset
 
 from .test_make_shards import plant_videos, run_main, run_tool
 
@@ -118,3 +120,68 @@ def test_real_footage_packs_and_checks_clean(tmp_path: Path) -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert report.read_text() == ""
     assert "1 total, 1 usable, 0 with errors" in checked.stdout
+
+
+@pytest.fixture
+def cut_shards(tmp_path: Path) -> Path:
+    videos = {f"v{i:02d}": encode_video(12, 48, 64, seed=i) for i in range(20)}
+    data = write_energon_dataset(tmp_path / "data", videos, train_shards=2)
+    cut_inside_sample(data / "train1.tar", 6)
+    return data
+
+
+def test_check_names_a_cut_shard_and_its_readable_samples(cut_shards: Path, capsys: pytest.CaptureFixture) -> None:
+    # Before: tarfile.ReadError ("unexpected end of data") and a traceback, no shard named.
+    report = cut_shards.parent / "report.jsonl"
+    status, out, err = run_main(capsys, "check", cut_shards, "--frames", "9", "--crop", "32", "--report", report)
+    assert status == 1 and "Traceback" not in err
+    found = read_report(report)
+    line = found[("train1.tar", "damaged_shard")]
+    assert line["severity"] == "error"
+    assert line["message"].startswith("damaged tar shard: the file ends at byte")
+    assert "inside v16.mp4" in line["message"] and "6 of 10 samples readable" in line["message"]
+    assert "python -m data_tools make-shards" in line["message"]
+    assert "16 total, 16 usable, 0 with errors" in out
+    assert "damaged tar shards: 1 (train1.tar), 4 more samples in them cannot be read" in out
+    assert "and 1 tar shards are damaged" in out
+    args = ["--frames", "9", "--crop", "32", "--allow-skips", "--report", report]
+    status, out, _ = run_main(capsys, "check", cut_shards, *args)
+    assert status == 0 and "--allow-skips given" in out
+
+
+def test_check_names_a_cut_shard_without_an_index(cut_shards: Path, capsys: pytest.CaptureFixture) -> None:
+    plain = cut_shards.parent / "plain"
+    plain.mkdir()
+    shutil.copy(cut_shards / "train1.tar", plain / "000001.tar")
+    report = plain.parent / "plain.jsonl"
+    status, _, _ = run_main(capsys, "check", plain, "--frames", "9", "--crop", "32", "--report", report)
+    assert status == 1
+    message = read_report(report)[("000001.tar", "damaged_shard")]["message"]
+    assert "6 samples readable before it, how many are lost is unknown (no energon index)" in message
+
+
+def test_check_finds_partial_and_deeply_damaged_videos(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # Before: both passed check (the cut file's index still promises 72 frames), and training then failed on them.
+    src = tmp_path / "videos"
+    src.mkdir()
+    whole = faststart(encode_video(72, 64, 96, fps=24), tmp_path / "whole.mp4")
+    (src / "whole.mp4").write_bytes(whole)
+    (src / "cut.mp4").write_bytes(whole[: int(len(whole) * 0.4)])
+    damaged = bytearray(encode_video(72, 96, 160, fps=24, gop=8, seed=1))
+    at = len(damaged) // 3
+    damaged[at : at + 2000] = np.random.default_rng(0).integers(0, 256, 2000, dtype=np.uint8).tobytes()
+    (src / "middle.mp4").write_bytes(bytes(damaged))
+    report = tmp_path / "report.jsonl"
+    status, out, _ = run_main(capsys, "check", src, "--frames", "17", "--crop", "64", "--report", report)
+    assert status == 1
+    found = read_report(report)
+    partial = found[("cut.mp4", "partial_video")]
+    assert partial["severity"] == "error"
+    assert re.search(r"^\d+ of 72 frames readable: the file ends", partial["message"])
+    assert ("cut.mp4", "too_few_frames") not in found  # its readable part is long enough: the damage is the error
+    assert {s for s, code in found if code == "partial_video"} == {"cut.mp4"}  # the fast path cannot see middle.mp4
+    assert "partial_video" in out
+    status, _, _ = run_main(capsys, "check", src, "--frames", "17", "--crop", "64", "--deep", "--report", report)
+    found = read_report(report)
+    assert {s for s, code in found if code == "partial_video"} == {"cut.mp4", "middle.mp4"}
+    assert "does not decode" in found[("middle.mp4", "partial_video")]["message"]

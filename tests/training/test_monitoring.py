@@ -66,3 +66,52 @@ def test_logs_curves_videos_and_wandb_offline(tmp_path: Path) -> None:
     assert (run_dir / "loss_curve.png").stat().st_size > 1000
     assert "best val/psnr" in result.stdout and "checkpoints:" in result.stdout
     assert list((run_dir / "wandb").glob("offline-run-*"))
+
+
+class _Module:
+    """What SkippedSamples uses of a LightningModule: ``log``."""
+
+    def __init__(self) -> None:
+        self.logged: dict[str, float] = {}
+
+    def log(self, name: str, value: float, **_: object) -> None:
+        self.logged[name] = value
+
+
+def _skip_batch(skipped: list[str], clips: int = 1) -> dict:
+    import torch
+
+    from tokenizer_posttrain.data.batch import SKIPPED, VIDEO
+
+    return {VIDEO: torch.zeros(clips, 3, 1, 2, 2), SKIPPED: skipped}
+
+
+def test_a_damaged_shard_is_named_once_and_its_samples_counted(capsys: pytest.CaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from tokenizer_posttrain.core.errors import DataError
+    from tokenizer_posttrain.training.monitoring import SkippedSamples
+
+    report = "train.tar: damaged tar shard (ReadError: unexpected end of data): sample 5 of 10 cannot be read, ..."
+    later = [f"train.tar#{n}: in the damaged part of its tar shard (from sample 5 on)" for n in range(6, 11)]
+    callback, module, trainer = SkippedSamples(max_fraction=0.5), _Module(), SimpleNamespace(global_rank=0)
+    callback.on_train_batch_start(trainer, module, _skip_batch([report, *later, "a.tar:short: 4 frames"], 8), 0)
+    out = capsys.readouterr().out
+    assert f"[rank 0] warning: {report}" in out and "data/skipped_samples" in out
+    assert "[rank 0] skipped video a.tar:short: 4 frames" in out
+    assert "#6" not in out  # the lost samples are counted, not listed one by one
+    assert callback.damaged == {"train.tar": 6}
+    assert module.logged == {"data/skipped_samples": 7.0, "data/damaged_shards": 1.0}
+    callback.on_train_batch_start(trainer, module, _skip_batch(later[:2], 8), 1)
+    assert capsys.readouterr().out == ""
+    callback.on_train_end(trainer, module)
+    summary = capsys.readouterr().out
+    assert "skipped 9 samples (8 of them in 1 damaged tar shard(s): train.tar: 8; 1 unusable videos)" in summary
+    # the lost samples of damaged shards do not count towards the fraction of unusable videos
+    callback.on_train_batch_start(trainer, module, _skip_batch(later * 10, 0), 2)
+    capsys.readouterr()
+    bad = [f"a.tar:bad{i}: unreadable" for i in range(20)]
+    with pytest.raises(DataError, match="21 of 37 videos read on rank 0 were unusable, more than") as err:
+        callback.on_train_batch_start(trainer, module, _skip_batch(bad, 0), 3)
+    assert "a.tar:bad18: unreadable" in str(err.value) and "#7" not in str(err.value)
+    assert "(besides, 58 of them in 1 damaged tar shard(s): train.tar: 58; 21 unusable videos)" in str(err.value)

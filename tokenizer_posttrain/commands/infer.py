@@ -11,8 +11,10 @@ in the file's metadata.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -24,6 +26,8 @@ from safetensors.torch import save_file
 
 from ..core.errors import CommandError
 from ..core.files import atomic_path
+from ..data.orientation import Orientation, UnsupportedOrientation, frame_orientation
+from ..data.probe import index_sizes, is_cut_off
 from ..evaluation import inference
 from ..io.checkpoint import MODEL_FLAG, load_tokenizer
 from ..network import CausalVideoTokenizer
@@ -46,10 +50,54 @@ def _existing(path: str, what: str) -> Path:
     return p
 
 
-def read_video(path: Path) -> tuple[np.ndarray, Fraction]:
-    """All frames of the first video stream as uint8 ``[T, H, W, 3]`` RGB, and the frame rate."""
+@dataclass(frozen=True)
+class InputVideo:
+    """What :func:`read_video` decoded: upright frames, their rate, and what was turned or missing."""
+
+    frames: np.ndarray
+    """uint8 ``[T, H, W, 3]`` RGB, as displayed (the display matrix applied)."""
+    fps: Fraction
+    orientation: Orientation
+    promised: int
+    """Frames the file's header promises (0: it states none)."""
+    damage: str
+    """Why not every frame could be read (only with ``allow_partial``); empty for a whole file."""
+
+    def note(self) -> str:
+        """What a command should say about the input besides its size: turned, partial, or nothing."""
+        notes = []
+        if not self.orientation.is_identity:
+            notes.append(f"display matrix applied: {self.orientation.describe()}")
+        if self.damage:
+            of = f" of {self.promised}" if self.promised else ""
+            notes.append(f"partial input: {len(self.frames)}{of} frames, {self.damage}")
+        return f" ({'; '.join(notes)})" if notes else ""
+
+
+def read_video(path: Path, allow_partial: bool = False) -> InputVideo:
+    """All frames of the first video stream, upright, and the frame rate.
+
+    A file cut short or damaged (fewer whole frames than its header promises, a cut-off packet, a frame
+    that does not decode) raises :class:`CommandError` saying how many frames are readable, unless
+    ``allow_partial``: then the frames before the damage are returned, with a warning on stderr.
+    """
     if not path.is_file():
         raise CommandError(f"input video {path} is not a file")
+    frames: list[np.ndarray] = []
+    size: tuple[int, int] | None = None
+    turn: Orientation | None = None
+
+    def keep(frame: av.VideoFrame) -> None:
+        nonlocal size, turn
+        if turn is None:
+            try:
+                turn = frame_orientation(frame)
+            except UnsupportedOrientation as err:
+                raise CommandError(f"{path}: {err}") from None
+        size = size or (frame.width, frame.height)
+        # A stream may change size midway; keep the first size so the frames stack.
+        frames.append(turn.apply_numpy(frame.to_ndarray(format="rgb24", width=size[0], height=size[1])))
+
     try:
         with av.open(str(path)) as container:
             if not container.streams.video:
@@ -57,16 +105,41 @@ def read_video(path: Path) -> tuple[np.ndarray, Fraction]:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
             rate = stream.average_rate or stream.guessed_rate or stream.base_rate
-            frames, size = [], None
-            for frame in container.decode(stream):
-                size = size or (frame.width, frame.height)
-                # A stream may change size midway; keep the first size so the frames stack.
-                frames.append(frame.to_ndarray(format="rgb24", width=size[0], height=size[1]))
+            promised, sizes = max(0, stream.frames), index_sizes(stream)
+            packets, damage = 0, ""
+            try:
+                for packet in container.demux(stream):
+                    if packet.size == 0:
+                        continue
+                    if is_cut_off(packet, packets, sizes):
+                        damage = f"the file ends inside frame {packets + 1}"
+                        break
+                    packets += 1
+                    for frame in stream.decode(packet):
+                        keep(frame)
+            except av.FFmpegError as err:
+                if not frames:
+                    raise
+                damage = f"frame {len(frames) + 1} does not decode ({err})"
+            try:
+                for frame in stream.decode(None):  # the frames still inside the decoder
+                    keep(frame)
+            except av.FFmpegError:
+                damage = damage or f"frame {len(frames) + 1} does not decode"
+            if not damage and promised and packets < promised:
+                damage = f"the file ends after frame {packets}"
     except av.FFmpegError as err:
         raise CommandError(f"cannot read video {path}: {err}") from err
     if not frames:
         raise CommandError(f"{path} holds no decodable video frames")
-    return np.stack(frames), Fraction(rate) if rate else DEFAULT_FPS
+    if damage:
+        of = f" of {promised}" if promised else ""
+        message = f"{path}: only {len(frames)}{of} frames are readable ({damage})"
+        if not allow_partial:
+            raise CommandError(f"{message}; pass --allow-partial to use those frames, or re-encode the file")
+        print(f"warning: {message}; --allow-partial: using those {len(frames)} frames", file=sys.stderr, flush=True)
+    fps = Fraction(rate) if rate else DEFAULT_FPS
+    return InputVideo(np.stack(frames), fps, turn or Orientation(), promised, damage)
 
 
 def write_video(path: Path, frames: np.ndarray, fps: Fraction, crf: int = 18) -> None:
@@ -141,7 +214,8 @@ def _describe(frames: np.ndarray, fps: Fraction) -> str:
 def _reconstruct(args: argparse.Namespace) -> int:
     source = _existing(args.input, "input video")
     network, options = _setup(args, encoding=False)
-    video, fps = read_video(source)
+    read = read_video(source, args.allow_partial)
+    video, fps = read.frames, read.fps
     start = time.perf_counter()
     if args.save_latents:
         # Reconstruct through the saved latents, so that the file and the video agree exactly.
@@ -154,8 +228,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     write_video(Path(args.output), output, fps, args.crf)
     print(
-        f"reconstructed {_describe(video, fps)} with {network.config.name} (window {args.window}, context "
-        f"{args.context}) in {seconds:.1f} s, PSNR {_psnr(video, output):.2f} dB -> {args.output}"
+        f"reconstructed {_describe(video, fps)}{read.note()} with {network.config.name} (window {args.window}, "
+        f"context {args.context}) in {seconds:.1f} s, PSNR {_psnr(video, output):.2f} dB -> {args.output}"
         + (f" (latents: {args.save_latents})" if args.save_latents else "")
     )
     return 0
@@ -164,12 +238,13 @@ def _reconstruct(args: argparse.Namespace) -> int:
 def _encode(args: argparse.Namespace) -> int:
     source = _existing(args.input, "input video")
     network, options = _setup(args, encoding=True)
-    video, fps = read_video(source)
+    read = read_video(source, args.allow_partial)
+    video, fps = read.frames, read.fps
     encoded = inference.encode(network, torch.from_numpy(video), **options)
     save_latents(Path(args.output), encoded, network.config.full_name, fps, source)
     key = "indices" if network.config.is_discrete else "latent"
     print(
-        f"encoded {_describe(video, fps)} with {network.config.name}: {key} "
+        f"encoded {_describe(video, fps)}{read.note()} with {network.config.name}: {key} "
         f"{tuple(encoded[key].shape)} {str(encoded[key].dtype).removeprefix('torch.')} -> {args.output}"
     )
     return 0
@@ -235,13 +310,24 @@ def _windowing(parser: argparse.ArgumentParser, context_help: str) -> None:
     parser.add_argument("--context", type=_count, help=context_help)
 
 
+def _partial(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="when the input is cut short or damaged, use the frames before the damage (with a warning) instead "
+        "of failing",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``reconstruct``, ``encode`` and ``decode`` subcommands."""
     p = subparsers.add_parser(
         "reconstruct",
         help="video -> tokenizer -> video (any length and size)",
         description="Reconstruct a video through the tokenizer, window by window, and write it as h264 "
-        "(same frame count, size and frame rate as the input). Prints the PSNR.",
+        "(same frame count, size and frame rate as the input). Prints the PSNR. A display matrix (phone "
+        "videos) is applied: the output is upright, at the size the input is shown at. An input cut short or "
+        "damaged fails, naming how many of its frames are readable, unless --allow-partial.",
     )
     p.add_argument("--input", required=True, help="input video (mp4, mov, mkv, webm, ...)")
     _common(p, "output video (.mp4)", video_out=True)
@@ -251,6 +337,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default about half the window: 9 for 17, 17 for 33; 0 = independent windows)",
     )
     p.add_argument("--save-latents", help="also write the latents (as `encode` does, with this --context)")
+    _partial(p)
     p.set_defaults(func=_guarded(_reconstruct))
 
     p = subparsers.add_parser(
@@ -263,6 +350,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--input", required=True, help="input video")
     _common(p, "latents file (.safetensors)", video_out=False)
     _windowing(p, "frames shared with the previous window: 0 (default: disjoint windows) or 1+8m")
+    _partial(p)
     p.set_defaults(func=_guarded(_encode))
 
     p = subparsers.add_parser(

@@ -10,6 +10,11 @@ KEYS = "keys"
 """Sample keys of the clips (energon data only)."""
 SKIPPED = "skipped"
 """``"<key>: <reason>"`` for each video the loader skipped since its previous batch (energon only)."""
+DAMAGED_SHARD = "damaged tar shard"
+"""Starts the reason of a skip whose tar shard could not be read there (cut short or damaged): the
+``<key>`` is the shard's name; the message says which samples of it are lost."""
+IN_DAMAGED_SHARD = "in the damaged part of its tar shard"
+"""Starts the reason of each later skip of a sample after that point (``<key>`` is ``<shard>#<n>``)."""
 
 CLIP_FRAMES = 33
 """Frames of the default training clip (1 + 8k, for the 8x temporal models): the one default the training

@@ -6,6 +6,10 @@ to learn the size. For a 256x256 crop of 720p frames that is most of the time sp
 video decoder itself. Here energon's index-based readers still do the seeking and frame counting
 (so frame numbering is theirs), while the crop is cut from the YUV planes and only that region is
 converted to RGB, for the whole clip at once.
+
+Frames come out as displayed: a display matrix (phone videos store the picture sideways) is read
+from the first frame when the video is opened, ``width``/``height`` are the displayed sides, and the
+crop is cut from the stored frame where it lands there, then turned upright (:mod:`.orientation`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import torch
 from megatron.energon.av import AVDecoder
 from megatron.energon.av.av_init import av_open
 from megatron.energon.av.av_reader import AVProbeIndex, AVReaderByFrames, AVReaderByPts
+
+from .orientation import NONE, Orientation, frame_orientation
 
 # Kr, Kb of the YUV -> RGB matrices, by FFmpeg's AVColorSpace number; anything else (unspecified
 # included) is BT.601, as FFmpeg's scaler assumes.
@@ -44,9 +50,12 @@ class Box:
 
 
 class ClipReader:
-    """One open video; ``frames``, ``width`` and ``height`` come from its headers and index.
+    """One open video; ``frames`` comes from its index, ``width`` and ``height`` are the displayed sides
+    (the stored ones turned by the display matrix, see ``orientation``).
 
-    Use as a context manager: the container is closed on exit, also after an error.
+    Use as a context manager: the container is closed on exit, also after an error. Opening decodes
+    the first frame (to read the display matrix); a matrix other than a multiple of 90 degrees raises
+    :class:`~.orientation.UnsupportedOrientation` (a ValueError).
     """
 
     def __init__(self, video: AVDecoder | BinaryIO) -> None:
@@ -72,7 +81,9 @@ class ClipReader:
                 self._reader = AVReaderByPts(self._container, 0, probe)
                 self.frames = len(self._pts)
             ctx = self._stream.codec_context
-            self.width, self.height = int(ctx.width), int(ctx.height)
+            self._stored = (int(ctx.width), int(ctx.height))
+            self.orientation = self._read_orientation()
+            self.width, self.height = self.orientation.display_size(*self._stored)
         except BaseException:
             self._container.close()
             raise
@@ -82,6 +93,13 @@ class ClipReader:
 
     def __exit__(self, *exc: object) -> None:
         self._container.close()
+
+    def _read_orientation(self) -> Orientation:
+        # Through the reader itself, so its position stays consistent for the first read.
+        if not self.frames:
+            return NONE
+        first = next(iter(self._decoded(0, 1)), None)
+        return NONE if first is None else frame_orientation(first)
 
     def _decoded(self, start: int, count: int) -> Iterator[av.VideoFrame]:
         last = start + count - 1
@@ -99,10 +117,25 @@ class ClipReader:
         dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:
         """Frames ``start .. start + count - 1``, resized to ``size`` (width, height) when given,
-        cropped to ``box``: RGB in [-1, 1] as ``dtype``, ``[3, T, box.height, box.width]`` (the
-        layout the tokenizers take). Fewer than ``count`` frames when the file ends early."""
+        cropped to ``box`` (both as displayed, like ``width`` and ``height``): RGB in [-1, 1] as
+        ``dtype``, ``[3, T, box.height, box.width]`` (the layout the tokenizers take), upright. Fewer
+        than ``count`` frames when the file ends early."""
         if start < 0 or count < 1 or start + count > self.frames:
             raise ValueError(f"frames {start} to {start + count - 1} of a {self.frames}-frame video")
+        turn = self.orientation
+        if not turn.is_identity:
+            # Resize and crop the stored frame where the displayed box lands on it; turn the crop after.
+            if size is not None and turn.swaps_sides:
+                size = (size[1], size[0])
+            stored_width, stored_height = size or self._stored
+            box = Box(*turn.stored_box(box.top, box.left, box.height, box.width, stored_width, stored_height))
+            clip = self._read_stored(start, count, box, size, dtype)
+            return turn.apply_torch(clip).contiguous()
+        return self._read_stored(start, count, box, size, dtype)
+
+    def _read_stored(
+        self, start: int, count: int, box: Box, size: tuple[int, int] | None, dtype: torch.dtype
+    ) -> torch.Tensor:
         planes, rgb, frame = [], [], None
         for frame in self._decoded(start, count):
             if len(planes) + len(rgb) == count:

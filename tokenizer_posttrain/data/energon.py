@@ -7,7 +7,7 @@ from typing import Any
 import lightning.pytorch as pl
 from megatron.energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_dataset
 
-from ..core.errors import CheckpointError
+from ..core.errors import CheckpointError, UserError
 from ..core.untrusted import unpickle_legacy_state
 from .energon_state import from_plain, to_plain
 from .layout import dataset_splits
@@ -31,10 +31,28 @@ class _Stream:
         self.loader = loader
 
     def __iter__(self) -> Any:
-        return iter(self.loader)
+        batches = iter(self.loader)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except UserError as err:
+                raise type(err)(_worker_message(err)) from None
+            yield batch
 
     def __len__(self) -> int:
         return self.LENGTH
+
+
+def _worker_message(err: UserError) -> str:
+    """The message of an error raised in a loader worker process: torch re-raises it in the trainer's
+    process with the worker's traceback around it ("Caught DataError in DataLoader worker process 1.
+    Original Traceback ..."), and our errors are one line."""
+    text = str(err)
+    if text.startswith("Caught ") and "Traceback" in text:
+        return text.rsplit(f"{type(err).__name__}: ", 1)[-1].strip()
+    return text
 
 
 class EnergonVideoDataModule(pl.LightningDataModule):

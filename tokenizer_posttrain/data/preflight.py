@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..core.errors import DataError
 from .layout import SPLIT_FILE, split_parts
+from .shard_check import FIX, indexed_damage, whole_members
 
 # The video stack (PyAV, energon's helpers) is imported where it is used: runs on synthetic
 # clips, which import this module, then need none of it.
@@ -54,21 +55,48 @@ def check_worker_share(path: str | Path, world_size: int, num_workers: int) -> i
     return total
 
 
-def _sample_members(shards: list[Path], count: int, seed: int) -> list[tuple[str, bytes]]:
-    """Up to ``count`` (name, bytes) video members spread over the shards, chosen by ``seed``."""
+def _sample_members(shards: list[Path], count: int, seed: int, unreadable: list[str]) -> list[tuple[str, bytes]]:
+    """Up to ``count`` (name, bytes) video members spread over the shards, chosen by ``seed``, from the
+    whole members only; a shard that cannot be read at all is added to ``unreadable`` instead."""
     rng = random.Random(seed)
     order = list(shards)
     rng.shuffle(order)
     picked: list[tuple[str, bytes]] = []
     per_shard = max(1, -(-count // len(order)))
     for shard in order:
-        with tarfile.open(shard) as tar:
-            members = [m for m in tar.getmembers() if m.isfile() and m.name.lower().endswith(VIDEO_SUFFIXES)]
-            for member in rng.sample(members, min(per_shard, len(members))):
-                picked.append((f"{shard.name}:{member.name}", tar.extractfile(member).read()))
+        try:
+            size = shard.stat().st_size
+            with tarfile.open(shard, mode="r:") as tar:  # energon reads plain tars only
+                members = [m for m in whole_members(tar, size) if m.name.lower().endswith(VIDEO_SUFFIXES)]
+                for member in rng.sample(members, min(per_shard, len(members))):
+                    picked.append((f"{shard.name}:{member.name}", tar.extractfile(member).read()))
+        except (tarfile.TarError, OSError, EOFError) as err:
+            unreadable.append(f"{shard.name}: damaged tar shard ({type(err).__name__}: {err}); {FIX}")
         if len(picked) >= count:
             break
     return picked[:count]
+
+
+def check_shards(path: str | Path, shards: list[Path], max_skip_fraction: float) -> list[str]:
+    """Compare every train shard with its energon index (a stat and an index read each): raise
+    :class:`DataError` when the samples lost in cut-short shards are more than ``max_skip_fraction``
+    of the train samples, else return one warning line per damaged shard (training skips the lost
+    samples and counts them)."""
+    damaged = [d for d in map(indexed_damage, shards) if d is not None]
+    if not damaged:
+        return []
+    root = Path(path)
+    counts = json.loads((root / ".nv-meta" / ".info.json").read_text()).get("shard_counts", {})
+    total = sum(counts.get(shard.name, 0) for shard in shards)
+    lost = sum(d.lost or 0 for d in damaged)
+    named = "; ".join(f"{d.shard}: {d.message()}" for d in damaged[:3])
+    more = f"; and {len(damaged) - 3} more damaged shards" if len(damaged) > 3 else ""
+    if lost > max_skip_fraction * total:
+        raise DataError(
+            f"data.path={root}: {lost} of {total} training samples are lost in damaged tar shards, more than "
+            f"data.max_skip_fraction={max_skip_fraction}: {named}{more}"
+        )
+    return [f"{d.shard}: {d.message()} (training skips the {d.lost} lost samples)" for d in damaged]
 
 
 def preflight(
@@ -81,14 +109,19 @@ def preflight(
     max_skip_fraction: float,
     seed: int = 0,
 ) -> list[str]:
-    """Probe a sample of the train videos; raise :class:`DataError` when too many cannot give
-    a ``frames x height x width`` clip. Returns the problems found (to warn about)."""
+    """Check every train shard against its index (:func:`check_shards`), then probe a sample of the
+    train videos; raise :class:`DataError` when too many cannot give a ``frames x height x width``
+    clip. Returns the problems found (to warn about)."""
     from .probe import VideoProbeError, clip_problems, probe_video
 
     shards = train_shards(path)
+    damaged = check_shards(path, shards, max_skip_fraction)
     if samples <= 0:
-        return []
-    checked = _sample_members(shards, samples, seed)
+        return damaged
+    unreadable: list[str] = []
+    checked = _sample_members(shards, samples, seed, unreadable)
+    if not checked and unreadable:
+        raise DataError(f"data.path={path}: no train shard can be read: {'; '.join(unreadable[:3])}")
     if not checked:
         raise DataError(
             f"data.path={path}: the train shards hold no video files ({', '.join(s.name for s in shards[:3])})"
@@ -112,4 +145,4 @@ def preflight(
             "Fix: choose fewer data.frames or a smaller crop (data.height/data.width), set data.resize_short_side, "
             "or remove these files (python -m data_tools check lists every problem)."
         )
-    return bad
+    return damaged + unreadable + bad

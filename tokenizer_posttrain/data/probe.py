@@ -1,9 +1,14 @@
-"""Fast video probing without decoding pixels, and the problems a video has for a requested clip.
+"""Fast video probing, and the problems a video has for a requested clip.
 
 Used by ``python -m data_tools`` (make-shards, check) and by the trainer's preflight. Probing
-demuxes every packet of the video stream (reads the bytes, decodes nothing): that gives an exact
-frame count for containers that store none (mkv, webm), catches truncated files whose header
-still claims the full count, and yields the timestamps the variable-frame-rate test needs.
+demuxes every packet of the video stream (reads the bytes): that gives an exact frame count for
+containers that store none (mkv, webm), and the timestamps the variable-frame-rate test needs.
+Then it decodes from the last keyframe to the end, which proves the last frame is there and
+yields the display matrix (phone videos). A file cut short (an mp4 written with its index at the
+front, then truncated) still promises every frame in its header: its packets stop early, or the
+last one is cut, and the probe reports the frames readable against the frames promised.
+``deep=True`` decodes every frame instead, which also finds damage in the middle of a file whose
+packets are all whole.
 """
 
 from __future__ import annotations
@@ -11,10 +16,13 @@ from __future__ import annotations
 import io
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 import av
+
+from .orientation import Orientation, UnsupportedOrientation, orientation_of
+from .orientation import display_matrix as frame_display_matrix
 
 COMMON_FPS = (23.976, 24.0, 25.0, 29.97, 30.0, 48.0, 50.0, 59.94, 60.0, 100.0, 120.0)
 MIN_SHORT_SIDE = 720  # below this the tokenizer sees little detail: warn, do not reject
@@ -33,6 +41,24 @@ class VideoInfo:
     duration: float
     codec: str
     variable_fps: bool
+    promised: int = 0
+    """Frames the container's header or index promises (0: it states none, as mkv and webm)."""
+    damage: str = ""
+    """Why fewer than ``promised`` frames (or not every frame) can be read; empty for a whole file."""
+    display_matrix: tuple[int, ...] | None = None
+    """The stream's display matrix (FFmpeg's 9 integers), when it has one: how players turn the picture."""
+
+    @property
+    def orientation(self) -> Orientation:
+        """How decoding turns the stored frames upright (raises UnsupportedOrientation for odd angles)."""
+        return orientation_of(self.display_matrix)
+
+    def display_size(self) -> tuple[int, int]:
+        """(width, height) as displayed (and as training and ``reconstruct`` decode it)."""
+        try:
+            return self.orientation.display_size(self.width, self.height)
+        except UnsupportedOrientation:
+            return self.width, self.height
 
 
 class VideoProbeError(Exception):
@@ -87,10 +113,12 @@ def _is_variable(steps: list[int]) -> bool:
     return median > 0 and hi - lo > _VFR_TOLERANCE * median + 1
 
 
-def probe_video(source: bytes | str | os.PathLike | BinaryIO) -> VideoInfo:
+def probe_video(source: bytes | str | os.PathLike | BinaryIO, deep: bool = False) -> VideoInfo:
     """Probe a video file, its bytes, or a seekable binary file object.
 
-    Describes the first video stream (the one energon's ``AVDecoder`` reads). Raises
+    Describes the first video stream (the one energon's ``AVDecoder`` reads): ``frames`` counts the
+    frames that can be read, ``promised`` the frames the header claims, ``damage`` says why they
+    differ. ``deep`` decodes every frame (slower) instead of the tail only. Raises
     :class:`VideoProbeError` when it cannot be opened, holds no video stream, or no frame of it can
     be read. The container is always closed.
     """
@@ -100,24 +128,22 @@ def probe_video(source: bytes | str | os.PathLike | BinaryIO) -> VideoInfo:
             raise VideoProbeError("no video stream", code="no_video_stream")
         stream = container.streams.video[0]
         ctx = stream.codec_context
-        packets, pts, durations = 0, [], []
-        try:
-            for packet in container.demux(stream):
-                if packet.size == 0:  # the flush packet at the end
-                    continue
-                packets += 1
-                if packet.pts is not None:
-                    pts.append(packet.pts)
-                if packet.duration:
-                    durations.append(packet.duration)
-        except (av.FFmpegError, OSError, EOFError) as err:
-            # A damaged tail: what was demuxed so far still decodes; report those frames only.
-            if packets == 0:
-                raise VideoProbeError(f"unreadable ({_describe(err)})") from err
-        # The container's count is exact when present, but a truncated file still claims it.
-        frames = min(stream.frames, packets) if stream.frames > 0 else packets
+        scan = _scan_packets(container, stream)
+        promised = max(0, stream.frames)
+        frames, damage = scan.whole, scan.damage
+        if promised and frames > promised:
+            frames = promised
         if frames == 0:
-            raise VideoProbeError("unreadable (no video packets: empty or truncated file)")
+            raise VideoProbeError(
+                "unreadable (no whole video packet: empty or truncated file)"
+                if not scan.damage
+                else f"unreadable ({scan.damage})"
+            )
+        if promised and frames < promised and not damage:
+            damage = f"the file ends after frame {frames}"
+        decoded, matrix, decode_damage = _decode_check(container, stream, scan, deep)
+        if decode_damage:
+            frames, damage = min(frames, decoded), decode_damage
 
         fps = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 0)
         duration = 0.0
@@ -126,18 +152,19 @@ def probe_video(source: bytes | str | os.PathLike | BinaryIO) -> VideoInfo:
         elif container.duration:
             duration = container.duration / av.time_base
         if fps <= 0 and duration > 0:
-            fps = frames / duration
+            fps = scan.whole / duration
         if duration <= 0 and fps > 0:
-            duration = frames / fps
+            duration = scan.whole / fps
 
-        if len(pts) >= max(2, frames // 2):
+        pts = scan.pts
+        if len(pts) >= max(2, scan.whole // 2):
             pts.sort()
             steps = [b - a for a, b in zip(pts, pts[1:], strict=False)]
         else:  # some avi files carry no pts; their packet durations are all we have
-            steps = durations[:-1]
+            steps = scan.durations[:-1]
         variable = _is_variable(steps)
         if variable and duration > 0:
-            fps = frames / duration  # mkv headers give a nominal rate that means nothing for VFR
+            fps = scan.whole / duration  # mkv headers give a nominal rate that means nothing for VFR
         return VideoInfo(
             frames=frames,
             fps=fps,
@@ -146,9 +173,112 @@ def probe_video(source: bytes | str | os.PathLike | BinaryIO) -> VideoInfo:
             duration=duration,
             codec=ctx.name,
             variable_fps=variable,
+            promised=promised,
+            damage=damage,
+            display_matrix=matrix,
         )
     finally:
         container.close()
+
+
+@dataclass
+class _PacketScan:
+    """What demuxing the whole stream found: whole packets (one per frame), their timing, keyframes."""
+
+    whole: int = 0
+    pts: list[int] = field(default_factory=list)
+    durations: list[int] = field(default_factory=list)
+    keyframes: list[tuple[int, int]] = field(default_factory=list)  # (packet number, pts)
+    positions: dict[int, int] = field(default_factory=dict)  # byte position -> packet number
+    damage: str = ""
+
+
+def index_sizes(stream: av.video.stream.VideoStream) -> list[int] | None:
+    """The size of every packet by the container's index, when it has one entry per frame (mp4, mov, avi)."""
+    entries = stream.index_entries
+    return [e.size for e in entries] if entries is not None and 0 < len(entries) == stream.frames else None
+
+
+def is_cut_off(packet: av.Packet, number: int, sizes: list[int] | None) -> bool:
+    """Whether the ``number``-th (0-based) packet of a stream is cut short: FFmpeg flags it corrupt, or it
+    holds fewer bytes than the index (:func:`index_sizes`) says. What follows it cannot be whole."""
+    expected = sizes[number] if sizes is not None and number < len(sizes) else 0
+    return bool(packet.is_corrupt) or packet.size < expected
+
+
+def _scan_packets(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> _PacketScan:
+    """Demux every packet, up to the first one that is cut off (flagged corrupt, or shorter than the
+    container's index says); later packets cannot belong to a whole file."""
+    scan = _PacketScan()
+    sizes = index_sizes(stream)
+    try:
+        for packet in container.demux(stream):
+            if packet.size == 0:  # the flush packet at the end
+                continue
+            if is_cut_off(packet, scan.whole, sizes):
+                scan.damage = f"the file ends inside frame {scan.whole + 1}"
+                break
+            if packet.is_keyframe and packet.pts is not None:
+                scan.keyframes.append((scan.whole, packet.pts))
+            if packet.pos is not None and packet.pos >= 0:
+                scan.positions[packet.pos] = scan.whole
+            scan.whole += 1
+            if packet.pts is not None:
+                scan.pts.append(packet.pts)
+            if packet.duration:
+                scan.durations.append(packet.duration)
+    except (av.FFmpegError, OSError, EOFError) as err:
+        # A damaged tail: what was demuxed so far still decodes; report those frames only.
+        if scan.whole == 0:
+            raise VideoProbeError(f"unreadable ({_describe(err)})") from err
+        scan.damage = f"reading stops after frame {scan.whole} ({_describe(err)})"
+    return scan
+
+
+def _decode_check(
+    container: av.container.InputContainer, stream: av.video.stream.VideoStream, scan: _PacketScan, deep: bool
+) -> tuple[int, tuple[int, ...] | None, str]:
+    """Decode the whole packets from the last keyframe (every one with ``deep``) to the end.
+
+    Returns (frames known readable, the display matrix of the first decoded frame, damage); damage
+    is empty when every decoded packet gave its frame without an error.
+    """
+    first_packet, start_pts = 0, None
+    if not deep and scan.keyframes:
+        first_packet, start_pts = scan.keyframes[-1]
+    try:
+        if start_pts is None:
+            container.seek(0)
+        else:
+            container.seek(start_pts, stream=stream, backward=True, any_frame=False)
+    except (av.FFmpegError, OSError):
+        return scan.whole, None, ""  # cannot seek (e.g. a stream without index): nothing more to learn
+    matrix, decoded, fed, started = None, 0, 0, False
+    try:
+        for packet in container.demux(stream):
+            if packet.size == 0:
+                continue
+            if not started:
+                # The seek may land on an earlier keyframe than asked; number from where it landed.
+                first_packet = scan.positions.get(packet.pos, first_packet) if packet.pos is not None else first_packet
+                started = True
+            if first_packet + fed >= scan.whole:
+                break  # the cut-off packet and anything after it
+            fed += 1
+            for frame in stream.decode(packet):
+                decoded += 1
+                if matrix is None:
+                    matrix = frame_display_matrix(frame)
+        for frame in stream.decode(None):
+            decoded += 1
+            if matrix is None:
+                matrix = frame_display_matrix(frame)
+    except (av.FFmpegError, OSError, EOFError) as err:
+        readable = first_packet + decoded
+        return readable, matrix, f"frame {readable + 1} does not decode ({_describe(err)})"
+    if fed and not decoded:
+        return first_packet, matrix, f"no frame decodes from frame {first_packet + 1} on"
+    return scan.whole, matrix, ""
 
 
 def _near_common_fps(fps: float) -> bool:
@@ -159,6 +289,20 @@ def clip_problems(info: VideoInfo, frames: int, crop: int, resize_short_side: in
     """What keeps ``info``'s video from giving a ``frames`` x ``crop`` x ``crop`` clip (errors), plus
     properties that hurt training quality (warnings). An empty list means the video is fine."""
     problems: list[Problem] = []
+    if info.damage:
+        of = f" of {info.promised}" if info.promised else ""
+        problems.append(
+            Problem(
+                "error",
+                "partial_video",
+                f"{info.frames}{of} frames readable: {info.damage} (cut short or damaged); re-encode it from its "
+                "source or remove it",
+            )
+        )
+    try:
+        info.orientation  # noqa: B018 - raises for a matrix that cannot be applied
+    except UnsupportedOrientation as err:
+        problems.append(Problem("error", "unsupported_rotation", f"{err}; training skips it"))
     if info.frames < frames:
         problems.append(
             Problem(
@@ -168,11 +312,12 @@ def clip_problems(info: VideoInfo, frames: int, crop: int, resize_short_side: in
                 "or drop this video",
             )
         )
-    width, height = info.width, info.height
+    shown_width, shown_height = info.display_size()  # what training decodes: upright
+    width, height = shown_width, shown_height
     short = min(width, height)
     if resize_short_side:
         scale = resize_short_side / short if short else 0.0
-        width, height = round(info.width * scale), round(info.height * scale)
+        width, height = round(shown_width * scale), round(shown_height * scale)
     if min(width, height) < crop:
         resized = (
             f" (after resizing the short side to {resize_short_side}: {width}x{height})" if resize_short_side else ""
@@ -186,7 +331,7 @@ def clip_problems(info: VideoInfo, frames: int, crop: int, resize_short_side: in
             Problem(
                 "error",
                 "too_small",
-                f"frame {info.width}x{info.height}{resized} is smaller than the {crop}x{crop} crop; use a crop of "
+                f"frame {shown_width}x{shown_height}{resized} is smaller than the {crop}x{crop} crop; use a crop of "
                 f"at most {min(width, height)}, {fix}, or drop this video",
             )
         )
@@ -195,7 +340,7 @@ def clip_problems(info: VideoInfo, frames: int, crop: int, resize_short_side: in
             Problem(
                 "warning",
                 "low_resolution",
-                f"short side {short} px (frame {info.width}x{info.height}); {MIN_SHORT_SIDE}p is the recommended "
+                f"short side {short} px (frame {shown_width}x{shown_height}); {MIN_SHORT_SIDE}p is the recommended "
                 "minimum, low-resolution footage teaches the tokenizer little detail",
             )
         )

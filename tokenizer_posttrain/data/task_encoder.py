@@ -4,13 +4,21 @@ Decodes only the frames a clip needs (seeking by frame index), at a uniformly ra
 start, optionally resized during decoding, randomly cropped (only the crop is converted to
 RGB, see :mod:`.clip_decode`) and flipped, normalised to [-1, 1] and cast to bf16.
 Unusable videos are skipped, and the skip (key and reason) travels with the next batch so
-the trainer can count, log and bound them.
+the trainer can count, log and bound them. So are the samples of a tar shard that is cut short
+or damaged: energon's reader raises for them (``tarfile.ReadError`` and the like) and would end
+the stream; the encoder wraps that reader so such a sample, and every later one of its shard, is
+a named skip instead.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import struct
+import tarfile
+import warnings
+from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +36,18 @@ from megatron.energon import (
 )
 from megatron.energon.av import AVDecoder
 
-from .batch import ASPECT_RATIO, CLIP_FRAMES, CLIP_SIZE, KEYS, LOSS_MASK, SKIPPED, VIDEO
+from ..core.errors import DataError
+from .batch import (
+    ASPECT_RATIO,
+    CLIP_FRAMES,
+    CLIP_SIZE,
+    DAMAGED_SHARD,
+    IN_DAMAGED_SHARD,
+    KEYS,
+    LOSS_MASK,
+    SKIPPED,
+    VIDEO,
+)
 from .clip_decode import Box, ClipReader
 
 # Bucket name -> width / height. One pixel budget (crop_height x crop_width) for all.
@@ -45,6 +64,103 @@ _DECODE_ERRORS = (
     IndexError,
     ZeroDivisionError,
 )
+
+
+# What energon's tar reader raises for a shard that is cut short or damaged where a sample lies.
+_SHARD_ERRORS = (tarfile.TarError, OSError, EOFError, ValueError, IndexError, struct.error)
+_SHARD_FIX = "re-create the shard (python -m data_tools make-shards) or restore the file"
+
+
+class DamagedShardGuard:
+    """energon's tar reader of one dataset, where a sample that cannot be read from its shard is
+    skipped (``None``, which energon's sample loader passes over) instead of raised, and so is every
+    later sample of that shard, without reading it again.
+
+    ``note`` gets one ``"<where>: <reason>"`` line per skipped sample: the first failure in a shard
+    names it and its lost samples (reason starting with :data:`~.batch.DAMAGED_SHARD`), later ones
+    are ``"<shard>#<n>: "`` + :data:`~.batch.IN_DAMAGED_SHARD`.
+    """
+
+    def __init__(self, reader: Any, note: Callable[[str], None]) -> None:
+        self._reader = reader
+        self._note = note
+        self._first_lost: dict[int, int] = {}  # shard number -> first sample (in the shard) that failed
+        self._skips_in_a_row = 0
+
+    def __getitem__(self, index: int) -> Any:
+        shard, position = self._locate(index)
+        info = self._reader.shard_infos[shard]
+        first_lost = self._first_lost.get(shard)
+        if first_lost is not None and position >= first_lost:
+            self._skipped(f"{info.name}#{position + 1}: {IN_DAMAGED_SHARD} (from sample {first_lost + 1} on)")
+            return None
+        try:
+            sample = self._reader[index]
+        except _SHARD_ERRORS as err:
+            self._first_lost[shard] = position if first_lost is None else min(first_lost, position)
+            self._forget_open_file(shard)
+            reason = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+            self._skipped(
+                f"{info.name}: {DAMAGED_SHARD} ({reason}): sample {position + 1} of {info.count} cannot be read, so "
+                f"samples {position + 1} to {info.count} of it are skipped; {_SHARD_FIX}"
+            )
+            return None
+        self._skips_in_a_row = 0
+        return sample
+
+    def _skipped(self, entry: str) -> None:
+        self._note(entry)
+        self._skips_in_a_row += 1
+        # A loader worker whose whole share is lost would loop over it for ever, yielding nothing.
+        if self._skips_in_a_row > len(self._reader):
+            names = sorted(self._reader.shard_infos[shard].name for shard in self._first_lost)
+            raise DataError(
+                f"every sample this data loader worker reads lies in the damaged part of tar shards "
+                f"({', '.join(names[:5])}): there is nothing left for it to train on; {_SHARD_FIX}"
+            )
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        cumulative = self._reader.shard_count_cumsum
+        shard = bisect_right(cumulative, index) - 1
+        return shard, index - cumulative[shard]
+
+    def _forget_open_file(self, shard: int) -> None:
+        # A later read of the good part opens the file afresh rather than trusting a failed handle.
+        tar_id = self._reader.shard_tar_file_idxs[shard]
+        tar = self._reader.itar_files_cache.pop(tar_id, None)
+        if tar is not None:
+            tar.fileobj.close()
+            tar.close()
+
+    def __len__(self) -> int:
+        return len(self._reader)
+
+    def __str__(self) -> str:
+        return f"DamagedShardGuard({self._reader})"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_reader":  # pickling looks these up before _reader is set
+            raise AttributeError(name)
+        return getattr(self._reader, name)
+
+
+def guard_damaged_shards(dataset: Any, note: Callable[[str], None]) -> int:
+    """Wrap the tar readers under energon's built ``dataset`` in :class:`DamagedShardGuard`; returns
+    how many were wrapped (0 when this energon builds its datasets differently)."""
+    wrapped, node, seen = 0, dataset, set()
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        readers = getattr(node, "join_readers", None)
+        if readers is not None:
+            guarded = [
+                DamagedShardGuard(r, note) if hasattr(r, "shard_count_cumsum") and hasattr(r, "shard_infos") else r
+                for r in readers
+            ]
+            wrapped += sum(isinstance(r, DamagedShardGuard) for r in guarded)
+            node.join_readers = guarded
+            break
+        node = getattr(node, "dataset", None)
+    return wrapped
 
 
 @dataclass(frozen=True)
@@ -133,6 +249,19 @@ class VideoClipTaskEncoder(DefaultTaskEncoder[RawVideo, Clip, dict, dict]):
         out_w = max(crop_w, 2 * math.ceil(width * scale / 2))
         out_h = max(crop_h, 2 * math.ceil(height * scale / 2))
         return bucket, crop_h, crop_w, out_w, out_h
+
+    def build_cook_crude_sample(self, dataset: Any, **kwargs: Any) -> Any:
+        """energon's hook for crude datasets; first makes damaged tar shards skip, not end the stream."""
+        if not guard_damaged_shards(dataset, self._note_skipped):
+            warnings.warn(
+                "this megatron-energon builds its datasets differently: a damaged tar shard will stop training "
+                "instead of being skipped (python -m data_tools check finds such shards)",
+                stacklevel=2,
+            )
+        return super().build_cook_crude_sample(dataset, **kwargs)
+
+    def _note_skipped(self, entry: str) -> None:
+        self._skipped.append(entry)
 
     def _skip(self, sample: RawVideo, reason: str) -> None:
         sources = getattr(sample, "__sources__", None) or ()

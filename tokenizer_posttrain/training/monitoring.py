@@ -20,7 +20,7 @@ from rich.text import Text
 from torch import Tensor
 
 from ..core.errors import DataError
-from ..data.batch import KEYS, SKIPPED, VIDEO
+from ..data.batch import DAMAGED_SHARD, IN_DAMAGED_SHARD, KEYS, SKIPPED, VIDEO
 from ..evaluation.media import side_by_side_frames, write_mp4
 from .step_guard import is_log_step
 
@@ -240,7 +240,15 @@ class RunSummary(pl.Callback):
 class SkippedSamples(pl.Callback):
     """Counts and logs the videos the loader skipped (``data/skipped_samples``), naming each;
     stops the run when more than ``max_fraction`` of them fail (after a few dozen samples,
-    so one early bad file does not end a run)."""
+    so one early bad file does not end a run).
+
+    A damaged tar shard is named once, when it is found (``data/damaged_shards`` counts them); the
+    samples skipped in its damaged part count in ``data/skipped_samples`` but are not listed one by
+    one, and do not count towards ``max_fraction``: they are skipped as they are read, ahead of the
+    shuffle buffer (so ahead of the batches this callback sees), and the launch check has already
+    refused shards that lose more than that fraction. The end of the run prints how many were
+    skipped, and where.
+    """
 
     MIN_SAMPLES = 20
 
@@ -248,6 +256,9 @@ class SkippedSamples(pl.Callback):
         self.max_fraction = max_fraction
         self.skipped: list[str] = []
         self.used = 0
+        self.damaged: dict[str, int] = {}  # shard -> samples skipped in its damaged part
+        self._damage_reports: list[str] = []
+        self._unusable = 0  # skipped videos, not counting samples of damaged shards
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -256,18 +267,61 @@ class SkippedSamples(pl.Callback):
             return
         new = list(batch[SKIPPED])
         for reason in new:
-            print(f"[rank {trainer.global_rank}] skipped video {reason}", flush=True)
+            shard = _damaged_shard(reason)
+            if shard is None:
+                print(f"[rank {trainer.global_rank}] skipped video {reason}", flush=True)
+                self._unusable += 1
+                continue
+            if shard not in self.damaged:
+                self.damaged[shard] = 0
+                self._damage_reports.append(reason)
+                print(
+                    f"[rank {trainer.global_rank}] warning: {reason} (each skipped sample counts in "
+                    "data/skipped_samples)",
+                    flush=True,
+                )
+            self.damaged[shard] += 1
         self.skipped.extend(new)
         self.used += len(batch[VIDEO])
         pl_module.log("data/skipped_samples", float(len(self.skipped)), reduce_fx="sum", sync_dist=True, batch_size=1)
-        total = self.used + len(self.skipped)
-        if total >= self.MIN_SAMPLES and len(self.skipped) > self.max_fraction * total:
-            listing = "\n  ".join(self.skipped[:20])
+        if self.damaged:
+            # This rank's count, no collective: ranks find damaged shards at different steps.
+            pl_module.log("data/damaged_shards", float(len(self.damaged)), batch_size=1)
+        total = self.used + self._unusable
+        if total >= self.MIN_SAMPLES and self._unusable > self.max_fraction * total:
+            videos = [r for r in self.skipped if _damaged_shard(r) is None]
+            listing = "\n  ".join(videos[:20])
+            damage = f"\n  (besides, {self._where().strip(' ()')})" if self.damaged else ""
             raise DataError(
-                f"{len(self.skipped)} of {total} videos read on rank {trainer.global_rank} were unusable, more than "
-                f"data.max_skip_fraction={self.max_fraction}:\n  {listing}\n"
+                f"{self._unusable} of {total} videos read on rank {trainer.global_rank} were unusable, more than "
+                f"data.max_skip_fraction={self.max_fraction}:\n  {listing}{damage}\n"
                 "Run python -m data_tools check on the dataset to list every problem, then fix or remove those files."
             )
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.skipped:
+            print(f"[rank {trainer.global_rank}] skipped {len(self.skipped)} samples{self._where()}", flush=True)
+
+    def _where(self) -> str:
+        if not self.damaged:
+            return ""
+        in_shards = sum(self.damaged.values())
+        shards = ", ".join(f"{name}: {count}" for name, count in sorted(self.damaged.items()))
+        return (
+            f" ({in_shards} of them in {len(self.damaged)} damaged tar shard(s): {shards}; "
+            f"{self._unusable} unusable videos)"
+        )
+
+
+def _damaged_shard(entry: str) -> str | None:
+    """The shard of a skip caused by a damaged tar shard; None for a skipped video (see
+    :data:`~..data.batch.DAMAGED_SHARD`)."""
+    where, _, reason = entry.partition(": ")
+    if reason.startswith(DAMAGED_SHARD):
+        return where
+    if reason.startswith(IN_DAMAGED_SHARD):
+        return where.split("#", 1)[0]
+    return None
 
 
 class SampleTrace(pl.Callback):

@@ -1,0 +1,76 @@
+"""The launch checks on real small shards: a cut-short train shard is named, warned about or refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.videos import cut_inside_sample, encode_video, write_energon_dataset
+from tokenizer_posttrain.core.errors import DataError
+from tokenizer_posttrain.data.preflight import preflight
+from tokenizer_posttrain.data.shard_check import MemberScan, index_offsets, indexed_damage
+
+
+@pytest.fixture
+def two_shards(tmp_path: Path) -> Path:
+    videos = {f"v{i:02d}": encode_video(12, 48, 64, seed=i) for i in range(20)}
+    return write_energon_dataset(tmp_path / "data", videos, train_shards=2)
+
+
+def _preflight(path: Path, max_skip_fraction: float, samples: int = 16) -> list[str]:
+    return preflight(path, 9, 32, 32, None, samples, max_skip_fraction)
+
+
+def test_a_cut_shard_is_named_with_its_readable_samples(two_shards: Path) -> None:
+    # Before: tarfile.ReadError ("unexpected end of data") out of the preflight, with no shard named.
+    size = cut_inside_sample(two_shards / "train1.tar", 7)
+    assert _preflight(two_shards, 0.2, samples=0) != []  # the shard check costs a stat: it always runs
+    problems = _preflight(two_shards, max_skip_fraction=0.2)
+    (line,) = [p for p in problems if "train1.tar" in p]
+    assert line.startswith(f"train1.tar: damaged tar shard: the file ends at byte {size}, but its index (.tar.idx)")
+    assert "7 of 10 samples readable" in line and "python -m data_tools make-shards" in line
+    assert "training skips the 3 lost samples" in line
+    damage = indexed_damage(two_shards / "train1.tar")
+    assert (damage.readable, damage.total, damage.lost) == (7, 10, 3)
+    assert indexed_damage(two_shards / "train0.tar") is None
+
+
+def test_more_loss_than_the_skip_budget_is_refused_in_one_line(two_shards: Path) -> None:
+    cut_inside_sample(two_shards / "train1.tar", 2)
+    with pytest.raises(DataError) as err:
+        _preflight(two_shards, max_skip_fraction=0.2)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "8 of 20 training samples are lost in damaged tar shards, more than data.max_skip_fraction=0.2" in message
+    assert "train1.tar: damaged tar shard" in message and "2 of 10 samples readable" in message
+    assert "make-shards" in message
+
+
+def test_an_emptied_shard_is_named_not_raised(two_shards: Path) -> None:
+    (two_shards / "train1.tar").write_bytes(b"")
+    problems = _preflight(two_shards, max_skip_fraction=0.6, samples=20)
+    assert any(p.startswith("train1.tar: damaged tar shard: the file ends at byte 0") for p in problems)
+    assert any(p.startswith("train1.tar: damaged tar shard (ReadError: empty file)") for p in problems)
+
+
+def test_member_scan_stops_at_the_cut_and_says_where(two_shards: Path) -> None:
+    shard = two_shards / "train1.tar"
+    whole = [member.name for member, _ in MemberScan(shard)]
+    assert len(whole) == 10
+    cut_inside_sample(shard, 6)
+    scan = MemberScan(shard, total=10)
+    assert [member.name for member, _ in scan] == whole[:6]
+    assert scan.damage is not None and scan.damage.readable == 6
+    assert scan.damage.detail.startswith("the file ends at byte") and whole[6] in scan.damage.detail
+    assert "6 of 10 samples readable" in scan.damage.message()
+    # cut exactly between two samples: tarfile ends quietly; the missing end marker tells
+    with open(shard, "r+b") as f:
+        f.truncate(index_offsets(shard)[5])
+    scan = MemberScan(shard)
+    assert [member.name for member, _ in scan] == whole[:5]
+    assert scan.damage is not None and "without tar's end marker" in scan.damage.detail
+    assert "how many are lost is unknown" in scan.damage.message()
+    # a whole shard ends with the marker: no damage
+    scan = MemberScan(two_shards / "train0.tar")
+    assert len(list(scan)) == 10 and scan.damage is None

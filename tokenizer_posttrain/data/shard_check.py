@@ -1,0 +1,142 @@
+"""Tar shards that are cut short or damaged: found before they are read (from energon's index of a
+prepared shard), or while reading one member after the other (any tar).
+
+An interrupted copy or a full disk leaves a shard whose first samples are whole and whose rest is
+gone, while energon's ``<shard>.tar.idx`` beside it still lists every sample. Python's ``tarfile``
+then stops early without a word when a header is cut, and raises ``ReadError`` ("unexpected end of
+data") when a member's bytes are. Plain files only: no energon, no video stack.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+INDEX_SUFFIX = ".tar.idx"
+"""energon's per-shard index: one little-endian uint64 byte offset per sample, plus the end of the last."""
+FIX = "re-create it (python -m data_tools make-shards) or restore the file"
+_END_OF_ARCHIVE = 2 * tarfile.BLOCKSIZE  # two zero blocks close every tar written by tarfile and GNU tar
+
+
+@dataclass(frozen=True)
+class ShardDamage:
+    """A shard whose samples after the first ``readable`` cannot be read."""
+
+    shard: str
+    readable: int
+    total: int | None
+    """Samples the shard should hold (from its index); None when it has no index."""
+    detail: str
+    """What is wrong, e.g. ``"the file ends at byte 28672, but its index expects 68608"``."""
+
+    @property
+    def lost(self) -> int | None:
+        return None if self.total is None else self.total - self.readable
+
+    def message(self) -> str:
+        """One line: what is wrong, how many samples are readable, what to do."""
+        if self.total is None:
+            count = f"{self.readable} samples readable before it, how many are lost is unknown (no energon index)"
+        else:
+            count = f"{self.readable} of {self.total} samples readable"
+        return f"damaged tar shard: {self.detail}; {count}; {FIX}"
+
+
+def index_offsets(shard: Path) -> tuple[int, ...] | None:
+    """The sample byte offsets of energon's index beside ``shard`` (count + 1 of them), or None."""
+    index = shard.with_name(shard.name.removesuffix(".tar") + INDEX_SUFFIX)
+    try:
+        raw = index.read_bytes()
+    except OSError:
+        return None
+    if len(raw) < 16 or len(raw) % 8:
+        return None
+    return struct.unpack(f"<{len(raw) // 8}Q", raw)
+
+
+def indexed_damage(shard: Path) -> ShardDamage | None:
+    """Compare a prepared shard with its energon index: the samples whose bytes end past the end of
+    the file are lost. None when every listed sample is there (or there is no index to compare)."""
+    offsets = index_offsets(shard)
+    if offsets is None:
+        return None
+    try:
+        size = shard.stat().st_size
+    except OSError as err:
+        return ShardDamage(shard.name, 0, len(offsets) - 1, f"cannot be read ({err.strerror})")
+    total = len(offsets) - 1
+    readable = next((i for i in range(total) if offsets[i + 1] > size), total)
+    if readable == total:
+        return None
+    detail = f"the file ends at byte {size}, but its index ({INDEX_SUFFIX}) expects {offsets[-1]}"
+    return ShardDamage(shard.name, readable, total, detail)
+
+
+def whole_members(tar: tarfile.TarFile, size: int) -> list[tarfile.TarInfo]:
+    """The regular members of an open tar (of ``size`` bytes) whose bytes are all there, read from the
+    headers only. ``getmembers`` would raise ``ReadError`` at the first member cut off."""
+    found: list[tarfile.TarInfo] = []
+    try:
+        for member in tar:
+            if member.isfile() and member.offset_data + member.size <= size:
+                found.append(member)
+    except (tarfile.TarError, OSError, EOFError):
+        pass  # the members before the damage are whole; the caller reports the damage itself
+    return found
+
+
+class MemberScan:
+    """Every regular member of a tar file whose bytes are all there, as ``(member, file)`` in order (the
+    file, seekable, reads the member until the next item); iteration stops at the first damage, which
+    ``damage`` then describes (None for a whole file).
+
+    ``total`` (the count of samples the shard should hold, when known) only words the damage message;
+    ``counts`` picks which members are samples (default: all regular files).
+    """
+
+    def __init__(
+        self, path: Path, total: int | None = None, counts: Callable[[tarfile.TarInfo], bool] | None = None
+    ) -> None:
+        self.path = path
+        self.total = total
+        self._counts = counts or (lambda member: True)
+        self.samples = 0
+        self.damage: ShardDamage | None = None
+
+    def __iter__(self) -> Iterator[tuple[tarfile.TarInfo, BinaryIO]]:
+        self.samples, self.damage = 0, None
+        try:
+            size = self.path.stat().st_size
+            with tarfile.open(self.path, mode="r:") as tar:
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    if member.offset_data + member.size > size:
+                        self._damaged(f"the file ends at byte {size}, inside {member.name}")
+                        return
+                    handle = tar.extractfile(member)
+                    if self._counts(member):
+                        self.samples += 1
+                    yield member, handle if handle is not None else io.BytesIO()
+                if not self._ends_cleanly(tar.offset, size):
+                    self._damaged(f"the archive stops at byte {tar.offset} of {size} without tar's end marker")
+        except (tarfile.TarError, OSError, EOFError) as err:
+            self._damaged(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
+
+    def _ends_cleanly(self, offset: int, size: int) -> bool:
+        # tarfile stops without an error at a cut (or garbled) header: only the zero blocks tell.
+        if size - offset < _END_OF_ARCHIVE:
+            return False
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            return f.read(_END_OF_ARCHIVE) == bytes(_END_OF_ARCHIVE)
+
+    def _damaged(self, detail: str) -> None:
+        if self.total is not None and self.samples >= self.total:
+            return  # every sample is there; only the padding after them is not
+        self.damage = ShardDamage(self.path.name, self.samples, self.total, detail)
