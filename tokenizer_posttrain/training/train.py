@@ -167,7 +167,10 @@ def check_data(data: DataConfig, world_size: int, seed: int) -> None:
         seed,
     )
     if problems:
-        warnings.warn("some sampled videos will be skipped:\n  " + "\n  ".join(problems[:10]), stacklevel=2)
+        warnings.warn(
+            "training will skip these (damaged shards, unusable sampled videos):\n  " + "\n  ".join(problems[:10]),
+            stacklevel=2,
+        )
 
 
 def _forward_sigusr1_as_sigterm() -> None:
