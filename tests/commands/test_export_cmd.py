@@ -5,33 +5,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
-from tests.conftest import run_cli
-from tests.workflow.test_posttrain import cli
+from tests.training.conftest import tiny_run
+from tokenizer_posttrain.__main__ import main
+from tokenizer_posttrain.training.train import train
 
 
-def test_export_command_writes_files_and_model_card(tmp_path: Path) -> None:
-    run = tmp_path / "r"
-    train = run_cli(
-        "--factory",
-        "tiny",
-        "trainer.max_steps=2",
-        "trainer.checkpoint_every_n_steps=1",
-        "model.ema_decay=0.9",
-        "log.export_on_end=false",
-        f"log.log_dir={run}",
-        cwd=tmp_path,
-    )
-    assert train.returncode == 0, train.stderr[-3000:]
+def test_export_command_writes_files_and_model_card(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = train(**tiny_run(tmp_path / "r", model={"ema_decay": 0.9}, trainer={"checkpoint_every_n_steps": 1}))
     # a checkpoint from during the run (at the end Lightning copies the EMA into the live weights)
-    ckpt = run / "tiny_cv8x8x8" / "checkpoints" / "step=2.ckpt"
+    ckpt = run / "checkpoints" / "step=2.ckpt"
     # An evaluation against the base puts its verdict in the card.
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"metrics": {"psnr": 5.0}, "baseline_metrics": {"psnr": 6.0}, "n_clips": 3}))
     for flag, out in ((["--results", str(results)], "plain"), (["--ema"], "ema")):
-        result = cli("export", "--checkpoint", str(ckpt), "--out", str(tmp_path / out), *flag, cwd=tmp_path)
-        assert result.returncode == 0, result.stderr[-3000:]
+        assert main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / out), *flag]) == 0
         card = (tmp_path / out / "README.md").read_text()
         assert "CV8x8x8" in card and "| steps | 2 |" in card
         verdict = "**Verdict: WORSE than the base: PSNR 6.00 -> 5.00 dB (-1.000 dB) on 3 held-out clips.**"
@@ -39,5 +29,7 @@ def test_export_command_writes_files_and_model_card(tmp_path: Path) -> None:
     plain = torch.jit.load(str(tmp_path / "plain" / "autoencoder.jit")).state_dict()
     ema = torch.jit.load(str(tmp_path / "ema" / "autoencoder.jit")).state_dict()
     assert any(not torch.equal(plain[k], ema[k]) for k in plain)  # the EMA average differs from the last weights
-    bad = cli("export", "--checkpoint", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "x"), cwd=tmp_path)
-    assert bad.returncode == 1 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+    capsys.readouterr()
+    assert main(["export", "--checkpoint", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err
+    assert "does not exist" in err and err.count("\n") == 1, err

@@ -72,25 +72,39 @@ def test_second_run_in_the_same_folder_resumes(first_run: tuple[Path, object]) -
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 34
 
 
-@pytest.mark.parametrize(
-    "override, message",
-    [
-        ("trainer.max_stepz=3", "cannot apply override trainer.max_stepz=3: no such setting"),
-        ("modle.channels=16", "cannot apply override modle.channels=16: 'modle' is not an override group"),
-        ("trainer.max_steps=abc", "invalid override trainer.max_steps=abc: 'abc' is not a valid int"),
-        ("data.global_batch_size=3", "data.global_batch_size=3 is not a multiple of"),
-        ("optim.lr=inf", "invalid optim.lr=inf: must be a positive, finite number"),
-        ("loss.l1_weight=-1", "invalid loss.l1_weight=-1.0: must be finite and >= 0"),
-    ],
-)
-def test_bad_input_exits_non_zero_with_a_message(override: str, message: str, tmp_path: Path) -> None:
+BAD_INPUT = [
+    ("trainer.max_stepz=3", "cannot apply override trainer.max_stepz=3: no such setting"),
+    ("modle.channels=16", "cannot apply override modle.channels=16: 'modle' is not an override group"),
+    ("trainer.max_steps=abc", "invalid override trainer.max_steps=abc: 'abc' is not a valid int"),
+    ("optim.lr=inf", "invalid optim.lr=inf: must be a positive, finite number"),
+    ("loss.l1_weight=-1", "invalid loss.l1_weight=-1.0: must be finite and >= 0"),
+]
+
+
+def test_bad_input_in_a_fresh_process_is_one_line_and_no_work(tmp_path: Path) -> None:
+    # The launch checks build the network (warning about random weights) before failing on the batch split:
+    # a failed launch shows only its problem.
     result = run_cli(
-        "--factory", "tiny", "trainer.max_steps=2", f"log.log_dir={tmp_path}", override, cwd=tmp_path, timeout=120
-    )
-    assert result.returncode != 0
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr  # a clear message, not a stack dump
-    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr  # nothing else
+        "--factory", "tiny", "trainer.max_steps=2", f"log.log_dir={tmp_path}", "data.global_batch_size=3",
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: data.global_batch_size=3 is not a multiple of"), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr  # nothing else: no traceback, no warning
+    assert not (tmp_path / "tiny_cv8x8x8" / "checkpoints").exists()  # failed before any work
+
+
+@pytest.mark.parametrize("override, message", BAD_INPUT)
+def test_bad_input_exits_non_zero_with_a_message(
+    override: str, message: str, tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import recipes
+
+    monkeypatch.setattr(sys, "argv", ["train_tokenizer.py"])  # run_cli rewrites it
+    args = ["--factory", "tiny", "trainer.max_steps=2", f"log.log_dir={tmp_path}", override]
+    assert run_cli_in_process(train, recipes.cv8x8x8.cv8x8x8, args) == 1
+    err = capfd.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err  # a clear message, nothing else
     assert not (tmp_path / "tiny_cv8x8x8" / "checkpoints").exists()  # failed before any work
 
 

@@ -30,9 +30,10 @@ def posttrain(
     return cli(*command, *args, *flags, cwd=out.parent, env=env)
 
 
-@pytest.fixture
-def base_and_videos(tmp_path: Path) -> tuple[Path, Path]:
-    """The tiny CV model exported like an official folder, and two real videos (one is held out)."""
+@pytest.fixture(scope="module")
+def base_and_videos(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny CV model exported like an official folder, and two real videos (one is held out); read only."""
+    tmp_path = tmp_path_factory.mktemp("base")
     base = export_tokenizer(load_tokenizer(reference_weights("CV8x8x8")), tmp_path / "base")
     videos = tmp_path / "videos"
     videos.mkdir()

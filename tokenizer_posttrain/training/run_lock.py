@@ -13,6 +13,7 @@ import os
 import socket
 import time
 import warnings
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +116,11 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def run_folder_lock(run_dir: Path) -> AbstractContextManager[object]:
+    """The lock of ``run_dir`` on rank 0, which holds it for the whole launch; nothing on the other ranks (they
+    are the same launch, and start after rank 0 took it)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    return RunLock(run_dir) if rank_zero_only.rank == 0 else nullcontext()

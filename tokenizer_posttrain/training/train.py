@@ -46,7 +46,7 @@ from .resume import (
     readable_checkpoints,
     remove_partial_saves,
 )
-from .run_lock import RunLock
+from .run_lock import run_folder_lock
 from .step_guard import NonFiniteLossError
 from .stop_signal import HostStopAgreement
 
@@ -256,133 +256,112 @@ def train(
     ``extra_callbacks`` join the run's own (benchmarks add a profiler this way).
     """
     run_dir = Path(log.log_dir) / log.name
-    # One launch per run folder; only rank 0 takes the lock (the other ranks are the same launch).
-    lock = RunLock(run_dir) if rank_zero_only.rank == 0 else None
-    if lock is not None:
-        lock.acquire()
-    try:
-        return _train(model, data, trainer, optim, resume, log, loss, extra_callbacks, run_dir)
-    finally:
-        if lock is not None:
-            lock.release()
-
-
-def _train(
-    model: ModelConfig,
-    data: DataConfig,
-    trainer: TrainerConfig,
-    optim: OptimConfig,
-    resume: ResumeConfig,
-    log: LogConfig,
-    loss: LossConfig,
-    extra_callbacks: Sequence[pl.Callback],
-    run_dir: Path,
-) -> Path:
-    started = time.time()
-    ckpt_dir = run_dir / "checkpoints"
-    if rank_zero_only.rank == 0:
-        remove_partial_saves(ckpt_dir)
-    problems = _Problems()
-    with warnings.catch_warnings(record=True) as held:
-        warnings.simplefilter("always")
-        ckpt_path = problems.check(lambda: find_resume_checkpoint(ckpt_dir, resume))
-        done = checkpoint_step(ckpt_path) if ckpt_path else 0
-        finished = ckpt_path is not None and 0 < trainer.max_steps <= done
-        if not finished:
-            if ckpt_path and not resume.allow_changes:
-                problems.check(lambda: check_same_run(ckpt_path, current_settings(model, data, loss)))
-            problems.check(lambda: check_clip_shape(model, data))
-            par = problems.check(lambda: resolve_parallelism(trainer, data))
-            model = resolve_compile(model, par.accelerator if par else "cpu")
-            problems.check(lambda: check_data(data, par.world_size if par else 1, trainer.seed))
-            pl.seed_everything(trainer.seed, workers=True, verbose=False)
-            problems.check(lambda: build_loss(loss))  # its weight files on their own: the module stops at the first
-            # Built before the verdict: it loads the checkpoint (its fit).
-            module = problems.check(
-                lambda: TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)
+    with run_folder_lock(run_dir):
+        started = time.time()
+        ckpt_dir = run_dir / "checkpoints"
+        if rank_zero_only.rank == 0:
+            remove_partial_saves(ckpt_dir)
+        problems = _Problems()
+        with warnings.catch_warnings(record=True) as held:
+            warnings.simplefilter("always")
+            ckpt_path = problems.check(lambda: find_resume_checkpoint(ckpt_dir, resume))
+            done = checkpoint_step(ckpt_path) if ckpt_path else 0
+            finished = ckpt_path is not None and 0 < trainer.max_steps <= done
+            if not finished:
+                if ckpt_path and not resume.allow_changes:
+                    problems.check(lambda: check_same_run(ckpt_path, current_settings(model, data, loss)))
+                problems.check(lambda: check_clip_shape(model, data))
+                par = problems.check(lambda: resolve_parallelism(trainer, data))
+                model = resolve_compile(model, par.accelerator if par else "cpu")
+                problems.check(lambda: check_data(data, par.world_size if par else 1, trainer.seed))
+                pl.seed_everything(trainer.seed, workers=True, verbose=False)
+                problems.check(lambda: build_loss(loss))  # its weight files on their own: the module stops at the first
+                # Built before the verdict: it loads the checkpoint (its fit).
+                module = problems.check(
+                    lambda: TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)
+                )
+        if finished:
+            if not resume.resume_past_end:
+                raise ValueError(
+                    f"{ckpt_path} already reached step {done} >= trainer.max_steps={trainer.max_steps}; "
+                    "raise trainer.max_steps or start a new run with another log.name"
+                )
+            problems.raise_any(held)
+            print(
+                f"Nothing to do: {ckpt_path} is at step {done}, trainer.max_steps={trainer.max_steps}; raise "
+                "trainer.max_steps to train on, or start a new run with another log.name (the run folder is left "
+                f"as it is; to export this checkpoint again: python -m tokenizer_posttrain export --checkpoint "
+                f"{ckpt_path} --out DIR)",
+                flush=True,
             )
-    if finished:
-        if not resume.resume_past_end:
-            raise ValueError(
-                f"{ckpt_path} already reached step {done} >= trainer.max_steps={trainer.max_steps}; "
-                "raise trainer.max_steps or start a new run with another log.name"
-            )
+            return run_dir
         problems.raise_any(held)
-        print(
-            f"Nothing to do: {ckpt_path} is at step {done}, trainer.max_steps={trainer.max_steps}; raise "
-            "trainer.max_steps to train on, or start a new run with another log.name (the run folder is left "
-            f"as it is; to export this checkpoint again: python -m tokenizer_posttrain export --checkpoint "
-            f"{ckpt_path} --out DIR)",
-            flush=True,
+        assert par is not None and module is not None
+        module.hparams["data"] = asdict(data)  # for the model card of the export and the check on resume
+        datamodule = build_datamodule(data, model, trainer.seed, resume.allow_pickled_states)
+        limit_val_batches = trainer.limit_val_batches
+        if data.path is not None and not datamodule.has_validation:
+            warnings.warn(f"{data.path} has no val split: validation is off", stacklevel=2)
+            limit_val_batches = 0
+        summary = RunSummary()
+        periodic = checkpoint_callback(ckpt_dir, trainer.checkpoint_every_n_steps, trainer.checkpoint_keep)
+        callbacks = [
+            periodic,
+            FinalCheckpoint(ckpt_dir / LAST_CKPT, periodic),
+            PreemptionCheckpoint(ckpt_dir / LAST_CKPT),
+            summary,
+            SkippedSamples(data.max_skip_fraction),
+            SampleTrace(run_dir / "samples"),
+            LearningRateLogger(),
+            ThroughputMonitor(),
+            StepProgressBar(),
+            RngState(allow_pickled=resume.allow_pickled_states),
+            HostStopAgreement(),
+            *extra_callbacks,
+        ]
+        if model.ema_decay is not None:
+            # Lightning's EMA: validation, the final weights (hence the export) and checkpoints use the average.
+            callbacks.append(EMAWeightAveraging(decay=model.ema_decay, use_buffers=False))
+
+        lightning_trainer = pl.Trainer(
+            accelerator=par.accelerator,
+            devices=par.devices,
+            num_nodes=par.num_nodes,
+            strategy=ddp_strategy(trainer, model) if par.world_size > 1 else "auto",
+            precision=trainer.precision,
+            max_epochs=trainer.max_epochs,
+            max_steps=trainer.max_steps,
+            # Both count optimizer steps on the command line; Lightning counts micro-batches.
+            val_check_interval=trainer.val_check_interval * par.accumulate_grad_batches,
+            check_val_every_n_epoch=None,
+            limit_val_batches=limit_val_batches,
+            # Both data modules shard the stream over the ranks themselves.
+            use_distributed_sampler=False,
+            log_every_n_steps=trainer.log_every_n_steps,
+            accumulate_grad_batches=par.accumulate_grad_batches,
+            # No gradient_clip_val: the module clips (see TokenizerModel.gradient_clip_val).
+            callbacks=callbacks,
+            plugins=[AtomicCheckpointIO()],
+            logger=loggers(run_dir, log.name),
+            default_root_dir=str(run_dir),
+            enable_model_summary=False,
         )
+        if ckpt_path:
+            print(f"Resuming from {ckpt_path}", flush=True)
+        _forward_sigusr1_as_sigterm()
+        try:
+            # weights_only: Lightning would otherwise unpickle the whole file, running any code planted in it.
+            lightning_trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        except NonFiniteLossError as stop:
+            raise _stopped_for_bad_steps(stop, ckpt_dir, trainer.max_bad_steps) from None
+
+        if lightning_trainer.is_global_zero:
+            export_dir = None
+            if log.export_on_end:
+                from ..io.export import export_tokenizer
+
+                export_dir = export_tokenizer(module.network, run_dir / "export")
+            summary.report(
+                run_dir, lightning_trainer.global_step, time.time() - started, module.loss_history, ckpt_dir, export_dir
+            )
         return run_dir
-    problems.raise_any(held)
-    assert par is not None and module is not None
-    module.hparams["data"] = asdict(data)  # for the model card of the export and the check on resume
-    datamodule = build_datamodule(data, model, trainer.seed, resume.allow_pickled_states)
-    limit_val_batches = trainer.limit_val_batches
-    if data.path is not None and not datamodule.has_validation:
-        warnings.warn(f"{data.path} has no val split: validation is off", stacklevel=2)
-        limit_val_batches = 0
-    summary = RunSummary()
-    periodic = checkpoint_callback(ckpt_dir, trainer.checkpoint_every_n_steps, trainer.checkpoint_keep)
-    callbacks = [
-        periodic,
-        FinalCheckpoint(ckpt_dir / LAST_CKPT, periodic),
-        PreemptionCheckpoint(ckpt_dir / LAST_CKPT),
-        summary,
-        SkippedSamples(data.max_skip_fraction),
-        SampleTrace(run_dir / "samples"),
-        LearningRateLogger(),
-        ThroughputMonitor(),
-        StepProgressBar(),
-        RngState(allow_pickled=resume.allow_pickled_states),
-        HostStopAgreement(),
-        *extra_callbacks,
-    ]
-    if model.ema_decay is not None:
-        # Lightning's EMA: validation, the final weights (hence the export) and checkpoints use the average.
-        callbacks.append(EMAWeightAveraging(decay=model.ema_decay, use_buffers=False))
-
-    lightning_trainer = pl.Trainer(
-        accelerator=par.accelerator,
-        devices=par.devices,
-        num_nodes=par.num_nodes,
-        strategy=ddp_strategy(trainer, model) if par.world_size > 1 else "auto",
-        precision=trainer.precision,
-        max_epochs=trainer.max_epochs,
-        max_steps=trainer.max_steps,
-        # Both count optimizer steps on the command line; Lightning counts micro-batches.
-        val_check_interval=trainer.val_check_interval * par.accumulate_grad_batches,
-        check_val_every_n_epoch=None,
-        limit_val_batches=limit_val_batches,
-        # Both data modules shard the stream over the ranks themselves.
-        use_distributed_sampler=False,
-        log_every_n_steps=trainer.log_every_n_steps,
-        accumulate_grad_batches=par.accumulate_grad_batches,
-        # No gradient_clip_val: the module clips (see TokenizerModel.gradient_clip_val).
-        callbacks=callbacks,
-        plugins=[AtomicCheckpointIO()],
-        logger=loggers(run_dir, log.name),
-        default_root_dir=str(run_dir),
-        enable_model_summary=False,
-    )
-    if ckpt_path:
-        print(f"Resuming from {ckpt_path}", flush=True)
-    _forward_sigusr1_as_sigterm()
-    try:
-        # weights_only: Lightning would otherwise unpickle the whole file, running any code planted in it.
-        lightning_trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-    except NonFiniteLossError as stop:
-        raise _stopped_for_bad_steps(stop, ckpt_dir, trainer.max_bad_steps) from None
-
-    if lightning_trainer.is_global_zero:
-        export_dir = None
-        if log.export_on_end:
-            from ..io.export import export_tokenizer
-
-            export_dir = export_tokenizer(module.network, run_dir / "export")
-        summary.report(
-            run_dir, lightning_trainer.global_step, time.time() - started, module.loss_history, ckpt_dir, export_dir
-        )
-    return run_dir
