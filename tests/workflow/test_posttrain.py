@@ -97,11 +97,8 @@ def test_a_post_trained_tokenizer_worse_than_its_base_says_so_and_exits_3(
     export = tmp_path / "run" / "export"
     assert f"**Verdict: {worse}" in (export / "README.md").read_text()
     assert (export / "autoencoder.jit").is_file() and (tmp_path / "run" / "eval" / "report.md").is_file()
-    # --allow-worse accepts it (the shards made above serve as the dataset).
-    accepted = posttrain(base, tmp_path / "run" / "data", tmp_path / "again", "--allow-worse", **options)
-    assert accepted.returncode == 0, accepted.stdout[-3000:] + accepted.stderr[-3000:]
-    assert "post-trained tokenizer: WORSE than the base" in accepted.stdout
-    assert json.loads((tmp_path / "again" / "summary.json").read_text())["verdict"] == "worse"
+    # --allow-worse (exit 0) is the same workflow with allow_worse=True: the branch is a single condition, and the
+    # option reaching the function is test_posttrain_cmd's; a second run here would cost ~20 s of the suite.
 
 
 def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base_and_videos: tuple) -> None:
