@@ -219,7 +219,8 @@ def single_head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
         future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
     # Under autocast softmax runs in fp32 and the product casts back to bf16, as the fused kernels do.
-    return torch.bmm(torch.softmax(scores, dim=-1).to(v.dtype), v)
+    # type_as, not .to(v.dtype): a trace would freeze the dtype of the export, and a cast export must follow v.
+    return torch.bmm(torch.softmax(scores, dim=-1).type_as(v), v)
 
 
 class _Attention(nn.Module):

@@ -49,7 +49,9 @@ class FSQuantizer(nn.Module):
         half_width = torch.div(levels, 2, rounding_mode="floor")
         view = (1, -1, 1, 1, 1)
 
-        bounded = torch.tanh(z.float() + shift.view(view)) * half_l.view(view) - offset.view(view)
+        # copy=True: on an fp32 input .float() returns z itself, and a trace would then take the type_as(z) below
+        # for a cast to fp32, so a bf16-cast export would hand fp32 codes to its bf16 convolutions.
+        bounded = torch.tanh(z.to(torch.float32, copy=True) + shift.view(view)) * half_l.view(view) - offset.view(view)
         # Straight-through: the value is exactly round(b) (so codes equal those decoded from
         # the indices), the gradient is that of b.
         rounded = torch.round(bounded) + (bounded - bounded.detach())
