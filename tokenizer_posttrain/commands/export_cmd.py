@@ -8,10 +8,12 @@ from pathlib import Path
 
 import torch
 
+from ..core.errors import CommandError
 from ..evaluation.report import verdict
 from ..io.checkpoint import load_tokenizer
 from ..io.export import export_tokenizer
 from ..io.model_card import checkpoint_card
+from ..network.tokenizer import CausalVideoTokenizer
 from .guard import run_guarded
 
 
@@ -23,6 +25,13 @@ def run(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint)
     network = load_tokenizer(checkpoint, ema=args.ema)
+    if args.latent_stats and network.is_discrete:  # before anything is written
+        raise CommandError(
+            f"--latent-stats: {network.config.name} is a discrete tokenizer; world models read its token indices, "
+            "which have no latent statistics (leave out --latent-stats)"
+        )
+    if args.stats_clips < 1 or args.stats_batch_size < 1:
+        raise CommandError("--stats-clips and --stats-batch-size must be positive")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     out = export_tokenizer(network, args.out, dtype=dtype)
     results_path = Path(args.results) if args.results else checkpoint.parent.parent / "eval" / "results.json"
@@ -32,11 +41,35 @@ def _export(args: argparse.Namespace) -> int:
         checkpoint, network.config.full_name, results, args.ema, verdict=judged.line if judged else None
     )
     (out / "README.md").write_text(card)
-    print(
-        f"exported {network.config.full_name} to {out} (encoder.jit, decoder.jit, autoencoder.jit, "
-        "model.safetensors, config.json, README.md)"
-    )
+    files = "encoder.jit, decoder.jit, autoencoder.jit, model.safetensors, config.json, README.md"
+    if args.latent_stats:
+        files += ", " + ", ".join(p.name for p in _write_latent_stats(network, out, args))
+    print(f"exported {network.config.full_name} to {out} ({files})")
     return 0
+
+
+def _write_latent_stats(network: CausalVideoTokenizer, out: Path, args: argparse.Namespace) -> list[Path]:
+    from ..evaluation.evaluate import open_clips
+    from ..evaluation.latent_stats import latent_statistics
+
+    skipped: list[str] = []
+    size = args.stats_size
+    _, clips = open_clips(args.latent_stats, args.stats_frames, size, size, args.stats_resize_short_side, skipped)
+    cuda = torch.cuda.is_available()
+    stats = latent_statistics(
+        network,
+        (clip for _, clip in clips),
+        args.stats_clips,
+        device="cuda" if cuda else "cpu",
+        dtype=torch.bfloat16 if cuda else torch.float32,
+        batch_size=args.stats_batch_size,
+        progress=True,
+    )
+    for name in skipped:
+        print(f"latent statistics: skipped {name}")
+    if stats.clips < args.stats_clips:
+        print(f"latent statistics: {stats.clips} clips (the dataset holds no more), fewer than --stats-clips")
+    return stats.write(out)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,4 +89,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--results",
         help="results.json of an evaluation to put in the model card (default: RUN/eval/results.json when it exists)",
     )
+    parser.add_argument(
+        "--latent-stats",
+        metavar="DATA",
+        help="energon dataset to compute the latent statistics (mean_std.pt, image_mean_std.pt) from; CV only",
+    )
+    parser.add_argument("--stats-clips", type=int, default=200, help="clips encoded for the latent statistics")
+    parser.add_argument(
+        "--stats-frames", type=int, default=121, help="frames per clip (121: the chunk the world models encode)"
+    )
+    parser.add_argument("--stats-size", type=int, default=256, help="centre crop of the clips (the training crop)")
+    parser.add_argument("--stats-resize-short-side", type=int, help="resize frames to this short side before the crop")
+    parser.add_argument("--stats-batch-size", type=int, default=1, help="clips encoded at once")
     parser.set_defaults(func=run)

@@ -1,0 +1,78 @@
+"""Latent statistics: stable moments, and files a Cosmos world model's loader reads as it reads NVIDIA's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import reference_weights
+from tests.videos import encode_video, write_energon_dataset
+from tokenizer_posttrain.__main__ import main
+from tokenizer_posttrain.evaluation.latent_stats import Moments
+from tokenizer_posttrain.io.checkpoint import load_tokenizer
+
+
+def test_moments_merged_batch_by_batch_equal_those_of_all_values_at_once() -> None:
+    values = torch.randn(7, 4, 3, 5, 5, dtype=torch.float64) * 3 + 100  # an offset that breaks naive sums of squares
+    moments = Moments()
+    for chunk in values.split([1, 4, 2]):
+        moments.add(chunk, reduce=(0, 3, 4))
+    mean, std = moments.mean_std()
+    torch.testing.assert_close(mean, values.mean(dim=(0, 3, 4)).float())
+    torch.testing.assert_close(std, values.std(dim=(0, 3, 4), correction=0).float())
+
+
+@pytest.fixture(scope="module")
+def long_videos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four 121-frame videos: each gives one chunk as the Cosmos world models encode it."""
+    videos = {f"v{i}": encode_video(121, 32, 32, seed=i) for i in range(4)}
+    return write_energon_dataset(tmp_path_factory.mktemp("long"), videos)
+
+
+def test_the_export_normalizes_latents_the_way_the_cosmos_loader_reads_them(
+    long_videos: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    ckpt = reference_weights("CV8x8x8")
+    out = tmp_path / "export"
+    args = ["export", "--checkpoint", str(ckpt), "--out", str(out), "--latent-stats", str(long_videos)]
+    assert main([*args, "--stats-frames", "121", "--stats-size", "32", "--stats-clips", "4"]) == 0
+    assert "mean_std.pt, image_mean_std.pt" in capsys.readouterr().out
+    # The loader's way: weights-only, view(16, -1), the first 16 latent frames (a 121-frame chunk).
+    mean, std = torch.load(out / "mean_std.pt", weights_only=True)
+    mean, std = mean.view(16, -1)[:, :16], std.view(16, -1)[:, :16]
+    image_mean, image_std = (t.view(16) for t in torch.load(out / "image_mean_std.pt", weights_only=True))
+    encoder = torch.jit.load(str(out / "encoder.jit")).to(torch.bfloat16)
+    decoder = torch.jit.load(str(out / "decoder.jit")).to(torch.bfloat16)
+    from tokenizer_posttrain.evaluation.evaluate import open_clips
+
+    _, clips = open_clips(str(long_videos), 121, 32, 32, None, [])
+    x = torch.stack([clip for _, clip in clips])  # the four chunks
+    with torch.no_grad():
+        latent = encoder(x.bfloat16())[0].float()  # [4, 16, 16, 4, 4]
+        normalized = (latent - mean[None, :, :, None, None]) / std[None, :, :, None, None]
+        # Over the clips they came from: zero mean, unit deviation at every channel and latent position.
+        torch.testing.assert_close(normalized.mean(dim=(0, 3, 4)), torch.zeros(16, 16), atol=0.02, rtol=0)
+        torch.testing.assert_close(normalized.std(dim=(0, 3, 4), correction=0), torch.ones(16, 16), atol=0.02, rtol=0)
+        # The first latent frame codes one frame alone: its statistics are its own.
+        assert not torch.allclose(mean[:, 0], mean[:, 1:].mean(dim=1), atol=1e-3)
+        # Denormalized latents decode as the latents themselves do.
+        restored = normalized * std[None, :, :, None, None] + mean[None, :, :, None, None]
+        torch.testing.assert_close(decoder(restored.bfloat16()), decoder(latent.bfloat16()), atol=0.05, rtol=0.05)
+        # The image path: per channel, of single-frame latents.
+        ours = load_tokenizer(ckpt).eval()
+        frames = ours.encode(x[:, :, :1])
+        torch.testing.assert_close(image_mean, frames.mean(dim=(0, 2, 3, 4)), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(image_std, frames.std(dim=(0, 2, 3, 4), correction=0), atol=1e-4, rtol=1e-4)
+
+
+def test_a_discrete_tokenizer_has_no_latent_statistics_and_nothing_is_written(
+    long_videos: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "export"
+    ckpt = str(reference_weights("DV8x16x16"))
+    assert main(["export", "--checkpoint", ckpt, "--out", str(out), "--latent-stats", str(long_videos)]) == 1
+    err = capsys.readouterr().err
+    assert "discrete tokenizer" in err and "no latent statistics" in err and err.count("\n") == 1
+    assert not out.exists()
