@@ -1,8 +1,8 @@
 """No code runs from a file: nothing in the project unpickles, evaluates or fully loads what it reads.
 
 Every ``.py`` of the package, ``data_tools``, ``recipes``, ``benchmarks`` and ``train_tokenizer.py`` is parsed, and
-each call or import that can run code named by a file's content is reported as ``file:line``. The one exception is
-the legacy path behind ``resume.allow_pickled_states`` (:data:`ALLOWED`).
+each call or import that can run code named by a file's content is reported as ``file:line``, with no exception
+(:data:`ALLOWED` is empty: even the states of earlier checkpoints are skipped, never unpickled).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from tests.conftest import ROOT
 
 SCANNED = ("tokenizer_posttrain", "data_tools", "recipes", "benchmarks", "train_tokenizer.py")
 
-ALLOWED = {("tokenizer_posttrain/core/untrusted.py", "unpickle_legacy_state")}
-"""(file, function) pairs that may unpickle: the states of earlier checkpoints, only after the user opts in."""
+ALLOWED: set[tuple[str, str]] = set()
+"""(file, function) pairs that may unpickle: none."""
 
 UNPICKLING_MODULES = frozenset(
     ("pickle", "_pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve", "jsonpickle")
@@ -173,10 +173,9 @@ def test_the_scan_sees_each_way_of_running_code_and_only_those(source: str, foun
     assert unsafe_calls(source, "x.py") == found
 
 
-def test_the_allowed_legacy_path_is_the_only_exception() -> None:
+def test_nothing_is_exempt_from_the_scan() -> None:
     source = "def unpickle_legacy_state(data, allowed, what):\n    import pickle\n    return pickle.loads(data)\n"
-    assert unsafe_calls(source, "tokenizer_posttrain/core/untrusted.py") == []
-    assert unsafe_calls(source.replace("unpickle_legacy_state", "other"), "tokenizer_posttrain/core/untrusted.py") == [
+    assert unsafe_calls(source, "tokenizer_posttrain/core/untrusted.py") == [
         "tokenizer_posttrain/core/untrusted.py:2: import pickle",
         "tokenizer_posttrain/core/untrusted.py:3: pickle.loads()",
     ]

@@ -156,17 +156,14 @@ class _Planted:
         return (Path.write_text, (self.marker, "code ran"))
 
 
-def test_a_pickled_state_of_an_earlier_release_needs_the_opt_in(dataset: Path, tmp_path: Path) -> None:
+def test_a_pickled_state_of_an_earlier_release_is_never_unpickled(dataset: Path, tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    with pytest.raises(CheckpointError, match=r"energon_loader_state\) as pickled bytes.*resume\.allow_pickled_states"):
-        datamodule(dataset).load_state_dict({FIELD: pickle.dumps(_Planted(marker))})
+    legacy = {FIELD: pickle.dumps(_Planted(marker))}
+    with pytest.raises(CheckpointError, match=r"energon_loader_state\) as pickled bytes.*resume\.skip_pickled_states"):
+        datamodule(dataset).load_state_dict(legacy)
+    # Asked to go on without it: a warning, and the stream starts from the beginning.
+    resumed = datamodule(dataset, skip_pickled_states=True)
+    with pytest.warns(UserWarning, match="energon loader state .* not restored"):
+        resumed.load_state_dict(through_a_file(legacy))
+    assert_same_batches(take(resumed, 2), take(datamodule(dataset), 2))
     assert not marker.exists()
-
-    # What earlier releases wrote, by a user who opts in: restored, and the stream continues.
-    whole = take(datamodule(dataset), 4)
-    old = datamodule(dataset)
-    take(old, 2)
-    legacy = {FIELD: pickle.dumps(old._train_loader.save_state_global(global_dst_rank=0))}
-    resumed = datamodule(dataset, allow_pickled_states=True)
-    resumed.load_state_dict(through_a_file(legacy))
-    assert_same_batches(take(resumed, 2), whole[2:])

@@ -140,7 +140,7 @@ class _Planted:
         return (Path.write_text, (self.marker, "code ran"))
 
 
-def test_pickled_rng_states_are_refused_unless_allowed(tmp_path: Path) -> None:
+def test_pickled_rng_states_are_never_unpickled(tmp_path: Path) -> None:
     import pickle
     import random
 
@@ -149,21 +149,16 @@ def test_pickled_rng_states_are_refused_unless_allowed(tmp_path: Path) -> None:
 
     marker = tmp_path / "marker"
     planted = {"rng_states": {"python": pickle.dumps(_Planted(marker)), "numpy": b"", "torch": None, "cuda": []}}
-    with pytest.raises(CheckpointError, match="resume.allow_pickled_states=true"):
+    with pytest.raises(CheckpointError, match="never done.*resume.skip_pickled_states=true"):
         RngState().on_load_checkpoint(None, None, planted)  # type: ignore[arg-type]
+    # Asked to go on without them: a warning, the random state left as it is, and still nothing run.
+    random.seed(3)
+    expected = random.random()
+    random.seed(3)
+    with pytest.warns(UserWarning, match=r"random states \(rng_states\) .* not restored"):
+        RngState(skip_pickled=True).on_load_checkpoint(None, None, planted)  # type: ignore[arg-type]
+    assert random.random() == expected
     assert not marker.exists()
-    # A checkpoint of an earlier release, written by the user: restored once they opt in.
-    import numpy as np
-
-    random.seed(7)
-    np.random.seed(7)
-    old = {"python": pickle.dumps(random.getstate()), "numpy": pickle.dumps(np.random.get_state())}
-    old.update(torch=torch.get_rng_state(), cuda=[])
-    expected = (random.random(), np.random.rand())
-    random.seed(0)
-    np.random.seed(0)
-    RngState(allow_pickled=True).on_load_checkpoint(None, None, {"rng_states": old})  # type: ignore[arg-type]
-    assert (random.random(), np.random.rand()) == expected
 
 
 def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_says_so(

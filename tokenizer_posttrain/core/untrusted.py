@@ -1,21 +1,22 @@
 """Reading files that may come from anywhere without running code planted in them.
 
 A torch file is loaded only with ``weights_only=True`` (tensors, numbers, strings, lists and dicts; any other
-object is refused), and pickled bytes found in a file are unpickled only in :func:`unpickle_legacy_state`,
-behind an explicit opt-in. Nothing else in the package unpickles (``tests/test_security.py`` checks this).
+object is refused), and pickled bytes found in a file are never unpickled (:func:`skip_pickled_state`): nothing
+in the package unpickles (``tests/test_security.py`` checks this).
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from pickle import UnpicklingError
 from typing import Any
 
 from .errors import CheckpointError
 
-PICKLED_STATES_OPT_IN = "resume.allow_pickled_states=true"
-"""The override that lets a resume unpickle the states of checkpoints written by earlier releases."""
+PICKLED_STATES_OPT_IN = "resume.skip_pickled_states=true"
+"""The override that lets a resume go on without the pickled states of checkpoints written by earlier releases."""
 
 _UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
@@ -45,18 +46,16 @@ def load_torch_file(path: str | Path, mmap: bool = False) -> Any:
         ) from err
 
 
-def unpickle_legacy_state(data: bytes, allowed: bool, what: str) -> Any:
-    """The object pickled in ``data``: a state (``what``, e.g. "the random states (rng_states)") that releases
-    before plain-data checkpoints stored as pickled bytes. Unpickling runs whatever code the bytes name, so it
-    happens only when ``allowed`` (the user's :data:`PICKLED_STATES_OPT_IN`); otherwise a one-line
-    :class:`CheckpointError` says so and names the override. The one place in the package that unpickles."""
-    if not allowed:
+def skip_pickled_state(what: str, skip: bool) -> None:
+    """A state (``what``, e.g. "the random states (rng_states)") that releases before plain-data checkpoints
+    stored as pickled bytes. It is never unpickled (that would run whatever code the bytes name): without
+    ``skip`` (the user's :data:`PICKLED_STATES_OPT_IN`) a one-line :class:`CheckpointError` says so and names the
+    override; with it, a warning says the state is not restored and the caller goes on without it."""
+    if not skip:
         raise CheckpointError(
             f"the checkpoint holds {what} as pickled bytes (written before tokenizer-posttrain stored such states "
-            "as plain data), and unpickling can run code planted in a file. If you wrote this checkpoint yourself, "
-            f"resume once with {PICKLED_STATES_OPT_IN} (later checkpoints are plain data), or start a new run "
-            "with another log.name"
+            "as plain data), and unpickling can run code planted in a file, so it is never done. Resume without "
+            f"that state with {PICKLED_STATES_OPT_IN} (the weights and optimizer resume, but not exactly: random "
+            "numbers and the data stream start afresh), or start a new run with another log.name"
         )
-    import pickle
-
-    return pickle.loads(data)
+    warnings.warn(f"{what} of the checkpoint are pickled bytes of an earlier release: not restored", stacklevel=3)

@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 from megatron.energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_dataset
 
 from ..core.errors import CheckpointError, UserError
-from ..core.untrusted import unpickle_legacy_state
+from ..core.untrusted import skip_pickled_state
 from .energon_state import from_plain, to_plain
 from .layout import dataset_splits
 from .task_encoder import ClipSpec, VideoClipTaskEncoder
@@ -60,9 +60,9 @@ class EnergonVideoDataModule(pl.LightningDataModule):
 
     The train loader's position is saved in every checkpoint (for all ranks, gathered on
     rank 0) and restored on resume, so a resumed run neither repeats nor skips samples. It is stored as
-    plain data (:mod:`.energon_state`); the pickled state of checkpoints from earlier releases is restored
-    only with ``allow_pickled_states`` (``resume.allow_pickled_states=true``), since unpickling can run
-    code planted in a file.
+    plain data (:mod:`.energon_state`); the pickled state of checkpoints from earlier releases is never
+    unpickled (that can run code planted in a file): with ``skip_pickled_states``
+    (``resume.skip_pickled_states=true``) the stream starts afresh instead.
     """
 
     def __init__(
@@ -74,7 +74,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         shuffle_buffer_size: int = 100,
         max_samples_per_sequence: int = 100,
         seed: int = 0,
-        allow_pickled_states: bool = False,
+        skip_pickled_states: bool = False,
     ) -> None:
         super().__init__()
         self.path = str(path)
@@ -84,7 +84,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         self.shuffle_buffer_size = shuffle_buffer_size
         self.max_samples_per_sequence = max_samples_per_sequence
         self.seed = seed
-        self.allow_pickled_states = allow_pickled_states
+        self.skip_pickled_states = skip_pickled_states
         self._train_loader: Any = None
         self._restore_state: Any = None
 
@@ -144,7 +144,8 @@ class EnergonVideoDataModule(pl.LightningDataModule):
             return
         value = state_dict[_STATE_KEY]
         if isinstance(value, bytes):
-            what = f"the energon loader state ({_STATE_KEY})"
-            self._restore_state = unpickle_legacy_state(value, self.allow_pickled_states, what)
+            # Never unpickled: the stream then starts afresh (skip_pickled_state warns).
+            skip_pickled_state(f"the energon loader state ({_STATE_KEY})", self.skip_pickled_states)
+            self._restore_state = None
         else:
             self._restore_state = from_plain(value, _STATE_KEY)

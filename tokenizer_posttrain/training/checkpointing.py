@@ -16,7 +16,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..core.errors import CheckpointError
 from ..core.files import atomic_path
-from ..core.untrusted import unpickle_legacy_state
+from ..core.untrusted import skip_pickled_state
 from ..io.checkpoint import read_checkpoint
 
 
@@ -109,14 +109,14 @@ class RngState(pl.Callback):
 
     The states are stored as tensors, numbers and strings only: a checkpoint is loaded with
     ``weights_only=True`` and nothing in it is unpickled. Checkpoints from earlier releases hold pickled
-    states; those are restored only with ``allow_pickled`` (``resume.allow_pickled_states=true``), since
-    unpickling can run code planted in the file.
+    states, which are never unpickled (that can run code planted in the file): with ``skip_pickled``
+    (``resume.skip_pickled_states=true``) the resume goes on without them.
     """
 
     KEY = "rng_states"
 
-    def __init__(self, allow_pickled: bool = False) -> None:
-        self.allow_pickled = allow_pickled
+    def __init__(self, skip_pickled: bool = False) -> None:
+        self.skip_pickled = skip_pickled
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         import random
@@ -148,18 +148,16 @@ class RngState(pl.Callback):
             return
         python, numpy_state = states["python"], states["numpy"]
         if isinstance(python, bytes) or isinstance(numpy_state, bytes):
-            what = f"the random states ({self.KEY})"
-            python = unpickle_legacy_state(python, self.allow_pickled, what)
-            numpy_state = unpickle_legacy_state(numpy_state, self.allow_pickled, what)
-        else:
-            python = (int(python["version"]), tuple(int(v) for v in python["state"].tolist()), python["gauss"])
-            numpy_state = (
-                str(numpy_state["kind"]),
-                numpy_state["keys"].numpy().astype(np.uint32),
-                int(numpy_state["position"]),
-                int(numpy_state["has_gauss"]),
-                float(numpy_state["cached_gaussian"]),
-            )
+            skip_pickled_state(f"the random states ({self.KEY})", self.skip_pickled)
+            return
+        python = (int(python["version"]), tuple(int(v) for v in python["state"].tolist()), python["gauss"])
+        numpy_state = (
+            str(numpy_state["kind"]),
+            numpy_state["keys"].numpy().astype(np.uint32),
+            int(numpy_state["position"]),
+            int(numpy_state["has_gauss"]),
+            float(numpy_state["cached_gaussian"]),
+        )
         random.setstate(python)
         np.random.set_state(numpy_state)
         torch.set_rng_state(states["torch"])

@@ -316,9 +316,10 @@ class ResumeConfig:
     allow_changes: bool = False
     """Resume even when the checkpoint was written with other model, data or loss settings (by default
     such a launch stops and lists the differences)."""
-    allow_pickled_states: bool = False
-    """Restore the pickled random states and energon loader position of checkpoints written by earlier releases
-    (unpickling a file can run code planted in it: only for checkpoints you wrote yourself)."""
+    skip_pickled_states: bool = False
+    """Resume a checkpoint of an earlier release whose random states and energon loader position are pickled,
+    without them (they are never unpickled: that can run code planted in a file); random numbers and the data
+    stream then start afresh, so the resume is not exact."""
 
 
 @dataclass

@@ -109,10 +109,10 @@ def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
 
 
 def build_datamodule(
-    data: DataConfig, model: ModelConfig, seed: int, allow_pickled_states: bool = False
+    data: DataConfig, model: ModelConfig, seed: int, skip_pickled_states: bool = False
 ) -> pl.LightningDataModule:
     """Synthetic clips when ``data.path`` is None, else the energon video dataset at that path
-    (``allow_pickled_states``: ``resume.allow_pickled_states``, for its loader position in old checkpoints)."""
+    (``skip_pickled_states``: ``resume.skip_pickled_states``, for its loader position in old checkpoints)."""
     if data.path is None:
         return SyntheticVideoDataModule(
             frames=data.frames,
@@ -145,7 +145,7 @@ def build_datamodule(
         shuffle_buffer_size=data.shuffle_buffer_size,
         max_samples_per_sequence=data.max_samples_per_sequence,
         seed=seed,
-        allow_pickled_states=allow_pickled_states,
+        skip_pickled_states=skip_pickled_states,
     )
 
 
@@ -298,7 +298,7 @@ def train(
         problems.raise_any(held)
         assert par is not None and module is not None
         module.hparams["data"] = asdict(data)  # for the model card of the export and the check on resume
-        datamodule = build_datamodule(data, model, trainer.seed, resume.allow_pickled_states)
+        datamodule = build_datamodule(data, model, trainer.seed, resume.skip_pickled_states)
         limit_val_batches = trainer.limit_val_batches
         if data.path is not None and not datamodule.has_validation:
             warnings.warn(f"{data.path} has no val split: validation is off", stacklevel=2)
@@ -315,7 +315,7 @@ def train(
             LearningRateLogger(),
             ThroughputMonitor(),
             StepProgressBar(),
-            RngState(allow_pickled=resume.allow_pickled_states),
+            RngState(skip_pickled=resume.skip_pickled_states),
             HostStopAgreement(),
             *extra_callbacks,
         ]
