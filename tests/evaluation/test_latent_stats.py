@@ -10,7 +10,14 @@ import torch
 from tests.conftest import reference_weights
 from tests.videos import encode_video, write_energon_dataset
 from tokenizer_posttrain.__main__ import main
-from tokenizer_posttrain.evaluation.latent_stats import Moments
+from tokenizer_posttrain.core.errors import CheckpointError
+from tokenizer_posttrain.evaluation.latent_stats import (
+    LatentStats,
+    Moments,
+    copy_latent_stats,
+    read_latent_stats,
+    stats_shift,
+)
 from tokenizer_posttrain.io.checkpoint import load_tokenizer
 
 
@@ -22,6 +29,44 @@ def test_moments_merged_batch_by_batch_equal_those_of_all_values_at_once() -> No
     mean, std = moments.mean_std()
     torch.testing.assert_close(mean, values.mean(dim=(0, 3, 4)).float())
     torch.testing.assert_close(std, values.std(dim=(0, 3, 4), correction=0).float())
+
+
+def test_positions_past_a_short_clip_carry_the_pooled_statistics_of_the_measured_ones_but_the_first() -> None:
+    # Latents of 5-frame-position clips; the world model's loader wants 16 positions.
+    values = torch.randn(6, 2, 5, 3, 3, dtype=torch.float64) + torch.arange(5.0, dtype=torch.float64)[:, None, None]
+    moments = Moments()
+    moments.add(values, reduce=(0, 3, 4))
+    mean, std = moments.extended(16)
+    assert mean.shape == std.shape == (2, 16)
+    torch.testing.assert_close(mean[:, :5], values.mean(dim=(0, 3, 4)).float())
+    later = values[:, :, 1:].movedim(1, -1).reshape(-1, 2)  # every value of positions 1..4, per channel
+    for t in range(5, 16):
+        torch.testing.assert_close(mean[:, t], later.mean(dim=0).float())
+        torch.testing.assert_close(std[:, t], later.std(dim=0, correction=0).float())
+
+
+def test_the_shift_against_the_base_is_in_units_of_the_base_std_per_channel() -> None:
+    base = LatentStats(torch.zeros(2, 3), torch.full((2, 3), 2.0), torch.zeros(2), torch.ones(2), clips=1)
+    mean = torch.tensor([[1.0, 1.0, 4.0], [0.0, 0.0, 0.0]])
+    std = torch.tensor([[2.0, 2.0, 2.0], [1.0, 4.0, 2.0]])
+    shift = stats_shift(LatentStats(mean, std, torch.zeros(2), torch.ones(2), clips=1), base)
+    first, second = shift["channels"]
+    assert first["mean_offset"] == pytest.approx(1.0) and first["worst_mean_offset"] == pytest.approx(2.0)
+    assert second["std_ratio"] == pytest.approx(3.5 / 3) and second["worst_std_ratio"] == pytest.approx(2.0)
+    assert shift["max_abs_mean_offset"] == pytest.approx(2.0) and shift["max_std_change"] == pytest.approx(1.0)
+
+
+def test_statistics_files_are_read_weights_only_and_checked(tmp_path: Path) -> None:
+    source, out = tmp_path / "source", tmp_path / "out"
+    source.mkdir(), out.mkdir()
+    assert read_latent_stats(source) is None
+    torch.save((torch.zeros(32), torch.ones(32)), source / "mean_std.pt")  # flat, as some folders ship it
+    assert [p.name for p in copy_latent_stats(source, out)] == ["mean_std.pt"]
+    stats = read_latent_stats(out / "model.safetensors")  # the folder of a file in it
+    assert stats is not None and stats.mean.shape == (32, 1) and stats.image_std.shape == (32,)
+    torch.save({"mean": torch.zeros(3)}, source / "mean_std.pt")
+    with pytest.raises(CheckpointError, match=r"mean_std.pt does not hold a \(mean, std\) pair of tensors"):
+        read_latent_stats(source)
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import reference_weights, run_script
-from tests.videos import bigbuckbunny
+from tests.videos import bigbuckbunny, encode_video, write_energon_dataset
+from tokenizer_posttrain.evaluation.latent_stats import MEAN_STD, dataset_latent_stats, read_latent_stats
 from tokenizer_posttrain.io.checkpoint import load_tokenizer
 from tokenizer_posttrain.io.export import export_tokenizer
 
@@ -40,6 +42,18 @@ def base_and_videos(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     for name in ("bigbuckbunny.mp4", "bikes.mp4"):
         shutil.copy(bigbuckbunny().parent / name, videos / name)
     return base, videos
+
+
+@pytest.fixture(scope="module")
+def base_with_stats(tmp_path_factory: pytest.TempPathFactory, base_and_videos: tuple) -> tuple[Path, Path, Path]:
+    """(base folder with its own latent statistics as NVIDIA's folders have them, the videos, the small dataset
+    the statistics were computed on); read only."""
+    base, videos = base_and_videos
+    folder = tmp_path_factory.mktemp("with_stats")
+    shutil.copytree(base, folder / "base")
+    data = write_energon_dataset(folder / "data", {f"v{i}": encode_video(17, 32, 32, seed=i) for i in range(3)})
+    dataset_latent_stats(load_tokenizer(base), data, 3, 32, frames=17, progress=False).write(folder / "base")
+    return folder / "base", videos, data
 
 
 def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, base_and_videos: tuple) -> None:
@@ -74,13 +88,19 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
     assert f"from `{base}`" in card and f"`{tmp_path / 'run' / 'data'}`, clips 9x64x64" in card, card
     assert "| steps | 40 |" in card
     assert card.splitlines()[2].startswith("**Verdict: better than the base: PSNR ")
+    # The base has no latent statistics: the export's are computed from the training clips (the one 132-frame
+    # video of the train split gives one 121-frame chunk), and there is no base to show a shift against.
+    assert summary["latent_stats"] == "computed from 1 training clips"
+    mean, std = torch.load(export / MEAN_STD, weights_only=True)
+    assert mean.view(16, -1)[:, :16].shape == std.shape == (16, 16) and bool((std > 0).all())
+    assert (export / "image_mean_std.pt").is_file() and "Latent statistics" not in card
 
 
 def test_a_post_trained_tokenizer_worse_than_its_base_says_so_and_exits_3(
-    tmp_path: Path, base_and_videos: tuple
+    tmp_path: Path, base_with_stats: tuple
 ) -> None:
     # A learning rate of 1 wrecks the tiny model in two steps: held-out PSNR falls (6.41 -> 5.30 dB when written).
-    base, videos = base_and_videos
+    base, videos, _ = base_with_stats
     options = dict(steps=2, lr="1.0", frames=9, size=32, resize_short_side=64, batch_size=1, num_workers=0)
     options.update(val_fraction=0.5, eval_clips=1)
     result = posttrain(base, videos, tmp_path / "run", **options)
@@ -97,12 +117,22 @@ def test_a_post_trained_tokenizer_worse_than_its_base_says_so_and_exits_3(
     export = tmp_path / "run" / "export"
     assert f"**Verdict: {worse}" in (export / "README.md").read_text()
     assert (export / "autoencoder.jit").is_file() and (tmp_path / "run" / "eval" / "report.md").is_file()
+    # The encoder moved and the base had statistics: report and card show the shift a world model trained on the
+    # base's statistics sees, per channel, matching the two files.
+    new, old = read_latent_stats(export), read_latent_stats(base)
+    offset = ((new.mean[:, :16] - old.mean[:, :16]) / old.std[:, :16]).mean(dim=1)
+    shift = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())["latent_stats_shift"]
+    assert [c["mean_offset"] for c in shift["channels"]] == pytest.approx(offset.tolist(), abs=1e-6)
+    assert shift["max_abs_mean_offset"] > 0.01
+    row = f"| 3 | {shift['channels'][3]['mean_offset']:+.4f} |"
+    for text in ((tmp_path / "run" / "eval" / "report.md").read_text(), (export / "README.md").read_text()):
+        assert "## Latent statistics against the base" in text and row in text
     # --allow-worse (exit 0) is the same workflow with allow_worse=True: the branch is a single condition, and the
     # option reaching the function is test_posttrain_cmd's; a second run here would cost ~20 s of the suite.
 
 
-def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base_and_videos: tuple) -> None:
-    base, videos = base_and_videos
+def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base_with_stats: tuple) -> None:
+    base, videos, data = base_with_stats
     result = posttrain(
         base,
         videos,
@@ -125,7 +155,18 @@ def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base
     # only decoder-only training leaves the latents exactly as they were
     assert choice == {"chosen": {"lr": 1e-3, "trainable": "decoder", "lora_rank": 0}, "within_drift": True}
     assert len(list((tmp_path / "run" / "sweep").glob("sweep_*/export/autoencoder.jit"))) == 3
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["chosen"]["trainable"] == "decoder"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["chosen"]["trainable"] == "decoder"
+    # Only the decoder trained: the latent space did not move, so the base's statistics are copied unchanged, and
+    # recomputing them on the data the base's came from gives the base's numbers.
+    export = tmp_path / "run" / "export"
+    assert summary["latent_stats"] == f"copied from {base}"
+    for name in ("mean_std.pt", "image_mean_std.pt"):
+        assert (export / name).read_bytes() == (base / name).read_bytes()
+    again = dataset_latent_stats(load_tokenizer(export), data, 3, 32, frames=17, progress=False)
+    torch.testing.assert_close(again.mean, read_latent_stats(base).mean, atol=1e-6, rtol=0)
+    torch.testing.assert_close(again.std, read_latent_stats(base).std, atol=1e-6, rtol=0)
+    assert "Identical to the base's" in (export / "README.md").read_text()
 
 
 def test_shards_are_made_with_data_tools_from_the_repository_root() -> None:

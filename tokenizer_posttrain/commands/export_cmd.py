@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import CommandError
-from ..evaluation.report import verdict
+from ..evaluation.report import card_sections, verdict
 from ..io.checkpoint import load_tokenizer
 from ..io.export import export_tokenizer
 from ..io.model_card import checkpoint_card
@@ -38,7 +38,12 @@ def _export(args: argparse.Namespace) -> int:
     results = json.loads(results_path.read_text()) if results_path.is_file() else None
     judged = verdict(results) if results else None
     card = checkpoint_card(
-        checkpoint, network.config.full_name, results, args.ema, verdict=judged.line if judged else None
+        checkpoint,
+        network.config.full_name,
+        results,
+        args.ema,
+        verdict=judged.line if judged else None,
+        sections=card_sections(results) if results else None,
     )
     (out / "README.md").write_text(card)
     files = "encoder.jit, decoder.jit, autoencoder.jit, model.safetensors, config.json, README.md"
@@ -49,26 +54,17 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _write_latent_stats(network: CausalVideoTokenizer, out: Path, args: argparse.Namespace) -> list[Path]:
-    from ..evaluation.evaluate import open_clips
-    from ..evaluation.latent_stats import latent_statistics
+    from ..evaluation.latent_stats import dataset_latent_stats
 
-    skipped: list[str] = []
-    size = args.stats_size
-    _, clips = open_clips(args.latent_stats, args.stats_frames, size, size, args.stats_resize_short_side, skipped)
-    cuda = torch.cuda.is_available()
-    stats = latent_statistics(
+    stats = dataset_latent_stats(
         network,
-        (clip for _, clip in clips),
+        args.latent_stats,
         args.stats_clips,
-        device="cuda" if cuda else "cpu",
-        dtype=torch.bfloat16 if cuda else torch.float32,
+        args.stats_size,
+        frames=args.stats_frames,
+        resize_short_side=args.stats_resize_short_side,
         batch_size=args.stats_batch_size,
-        progress=True,
     )
-    for name in skipped:
-        print(f"latent statistics: skipped {name}")
-    if stats.clips < args.stats_clips:
-        print(f"latent statistics: {stats.clips} clips (the dataset holds no more), fewer than --stats-clips")
     return stats.write(out)
 
 

@@ -22,6 +22,7 @@ from ..io.checkpoint import load_tokenizer
 from ..losses.perceptual import VGG16_FILE, VGG16_URL, PerceptualLoss, find_vgg16_weights
 from ..network import CausalVideoTokenizer
 from .inference import DTYPES
+from .latent_stats import read_latent_stats, stats_shift
 from .media import to_frames, to_uint8
 from .metrics import clip_psnr, clip_ssim, codebook_stats, latent_drift, temporal_flicker, token_flip_rate
 
@@ -36,13 +37,19 @@ LPIPS_NOTE = (
 
 
 def open_clips(
-    data: str, frames: int, height: int, width: int, resize_short_side: int | None, skipped: list[str]
+    data: str,
+    frames: int,
+    height: int,
+    width: int,
+    resize_short_side: int | None,
+    skipped: list[str],
+    prefer: str = "val",
 ) -> tuple[str, Iterator[tuple[str, Tensor]]]:
     """(which split, iterator of ``(key, clip [3, T, H, W] fp32 in [-1, 1])``) of an energon dataset.
 
-    The val split through the trainer's own validation loader (middle frames, centre crop); without a val split,
-    one ordered, non-repeating pass over the train split with the same crop. Videos the loader skips (too short,
-    too small, unreadable) are named in ``skipped``.
+    The ``prefer`` split (``val``: held-out clips; ``train``: the training data), else the other one, through the
+    trainer's own validation loader: middle frames, centre crop, one ordered, non-repeating pass. Videos the
+    loader skips (too short, too small, unreadable) are named in ``skipped``.
     """
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
@@ -59,7 +66,7 @@ def open_clips(
     splits = dataset_splits(path)
     if not {"val", "train"} & splits:
         raise EvaluationError(f"{path} is an energon dataset without a train or val split (see .nv-meta/split.yaml)")
-    split = "val" if "val" in splits else "train"
+    split = prefer if prefer in splits else ({"val", "train"} - {prefer}).pop()
     # The trainer's validation reader (middle frames, centre crop, one ordered pass, in this process); for the train
     # split too, where the train reader would loop and shuffle.
     encoder = VideoClipTaskEncoder(
@@ -69,7 +76,7 @@ def open_clips(
     loader = get_loader(
         get_val_dataset(path, split_part=split, worker_config=worker, batch_size=1, task_encoder=encoder)
     )
-    source = "energon val split" if split == "val" else "energon train split (the dataset has no val split)"
+    source = f"energon {split} split" + ("" if split == prefer else f" (the dataset has no {prefer} split)")
 
     def clips() -> Iterator[tuple[str, Tensor]]:
         with warnings.catch_warnings():
@@ -266,6 +273,10 @@ def evaluate(
         "error_histogram": {which: side.errors.tolist() for which, side in sides.items()},
         "notes": notes,
     }
+    if baseline is not None and not sides["model"].config.is_discrete:
+        new, old = read_latent_stats(checkpoint), read_latent_stats(baseline)
+        if new is not None and old is not None:
+            results["latent_stats_shift"] = stats_shift(new, old)
     ranked = sorted(range(len(keys)), key=lambda i: -psnr[i])
     labels = ["input", *(["baseline"] if baseline is not None else []), "post-trained"]
     selection = [(kind, rank, keys[i], psnr[i], panels[i]) for kind, rank, i in _select(ranked, videos_per_side)]

@@ -8,20 +8,25 @@ per-channel ``(mean, std)`` ``[C]`` of single-frame latents, for the image path 
 
 from __future__ import annotations
 
-import time
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
-from ..core.errors import EvaluationError
+from ..core.errors import CheckpointError, EvaluationError
 from ..core.files import atomic_path
+from ..core.untrusted import load_torch_file
 from ..network.tokenizer import CausalVideoTokenizer
 
 MEAN_STD = "mean_std.pt"
 IMAGE_MEAN_STD = "image_mean_std.pt"
+CHUNK_FRAMES = 121
+"""Frames of the chunk the Cosmos world models encode at once; the statistics cover its latent frames."""
 
 
 class Moments:
@@ -55,6 +60,29 @@ class Moments:
             raise EvaluationError("no latent was added to the statistics")
         return self.mean.float(), (self.m2 / self.count).sqrt().float()
 
+    def extended(self, positions: int) -> tuple[Tensor, Tensor]:
+        """:meth:`mean_std` of moments kept per ``[C, T]``, extended to ``positions`` latent frames: positions past
+        the measured ones get the pooled statistics of every measured position but the first (which codes one
+        frame alone); with a single measured position, its own."""
+        mean, std = self.mean_std()
+        measured = mean.shape[1]
+        if measured >= positions:
+            return mean, std
+        assert self.mean is not None and self.m2 is not None
+        later = slice(1, None) if measured > 1 else slice(0, 1)
+        means, m2 = self.mean[:, later], self.m2[:, later]
+        pooled = means.mean(dim=1)
+        # Every position saw the same number of values: the pooled m2 is the sum of theirs plus the spread of
+        # their means.
+        variance = (m2.sum(dim=1) + self.count * ((means - pooled[:, None]) ** 2).sum(dim=1)) / (
+            self.count * means.shape[1]
+        )
+        fill = positions - measured
+        return (
+            torch.cat([mean, pooled.float()[:, None].expand(-1, fill)], dim=1),
+            torch.cat([std, variance.sqrt().float()[:, None].expand(-1, fill)], dim=1),
+        )
+
 
 @dataclass
 class LatentStats:
@@ -65,6 +93,8 @@ class LatentStats:
     image_mean: Tensor
     image_std: Tensor
     clips: int
+    measured_positions: int | None = None
+    """Latent frames measured from clips; positions past them carry pooled statistics (None: all measured)."""
 
     def write(self, folder: str | Path) -> list[Path]:
         """``mean_std.pt`` and ``image_mean_std.pt`` in ``folder`` (plain tensor tuples: load with weights_only)."""
@@ -86,9 +116,13 @@ def latent_statistics(
     dtype: torch.dtype = torch.float32,
     batch_size: int = 1,
     progress: bool = False,
+    positions: int | None = None,
 ) -> LatentStats:
     """Encode up to ``max_clips`` clips (``[3, T, H, W]`` in [-1, 1], one shape) and their first frames, and
-    return the latent statistics. ``dtype`` is the encoder's compute dtype (bf16 on GPUs: inference speed)."""
+    return the latent statistics. ``dtype`` is the encoder's compute dtype (bf16 on GPUs: inference speed).
+    ``positions``: latent frames the statistics must cover (default: those of a :data:`CHUNK_FRAMES` chunk);
+    clips shorter than that chunk leave the later positions to :meth:`Moments.extended`. ``progress`` shows a
+    bar with clips/s on stderr."""
     if network.is_discrete:
         raise EvaluationError(
             f"{network.config.name} is a discrete tokenizer: world models read its token indices, which have no "
@@ -96,7 +130,8 @@ def latent_statistics(
         )
     net = network.to(device, dtype).eval()
     video, image = Moments(), Moments()
-    seen, started, batch = 0, time.perf_counter(), []
+    seen, batch = 0, []
+    bar = tqdm(total=max_clips, desc="latent statistics", unit="clip", disable=not progress, dynamic_ncols=True)
 
     def flush() -> None:
         x = torch.stack(batch).to(device, dtype)
@@ -104,19 +139,172 @@ def latent_statistics(
         image.add(net.encode(x[:, :, :1]), reduce=(0, 2, 3, 4))  # single frames -> per C
         batch.clear()
 
-    for clip in clips:
-        batch.append(clip)
-        seen += 1
-        if len(batch) == batch_size:
+    with bar:
+        for clip in clips:
+            batch.append(clip)
+            seen += 1
+            if len(batch) == batch_size:
+                flush()
+                bar.update(batch_size)
+            if seen == max_clips:
+                break
+        if batch:
+            bar.update(len(batch))
             flush()
-        if progress and seen % 10 == 0:
-            print(f"latent statistics: {seen}/{max_clips} clips, {seen / (time.perf_counter() - started):.1f} clips/s")
-        if seen == max_clips:
-            break
-    if batch:
-        flush()
     if seen == 0:
         raise EvaluationError("no usable clip for the latent statistics (see the skipped videos above)")
-    mean, std = video.mean_std()
+    wanted = positions or network.config.latent_frames(CHUNK_FRAMES)
+    mean, std = video.extended(wanted)
     image_mean, image_std = image.mean_std()
-    return LatentStats(mean, std, image_mean, image_std, seen)
+    measured = video.mean.shape[1] if video.mean is not None else 0
+    return LatentStats(mean, std, image_mean, image_std, seen, measured if measured < wanted else None)
+
+
+def dataset_latent_stats(
+    network: CausalVideoTokenizer,
+    data: str | Path,
+    clips: int,
+    size: int,
+    frames: int = CHUNK_FRAMES,
+    fallback_frames: int | None = None,
+    resize_short_side: int | None = None,
+    batch_size: int = 1,
+    progress: bool = True,
+) -> LatentStats:
+    """:func:`latent_statistics` of up to ``clips`` clips of the energon dataset ``data`` (its train split,
+    else val; middle ``frames`` frames, centre ``size`` crop), on the GPU in bf16 when there is one. When no video
+    is long enough for ``frames`` and ``fallback_frames`` is given, clips of that length instead (the positions
+    past them pooled, see :meth:`Moments.extended`); what was skipped or shortened is printed."""
+    from .evaluate import open_clips
+
+    cuda = torch.cuda.is_available()
+
+    def measure(length: int) -> tuple[LatentStats | None, list[str]]:
+        skipped: list[str] = []
+        _, stream = open_clips(str(data), length, size, size, resize_short_side, skipped, prefer="train")
+        try:
+            stats = latent_statistics(
+                network,
+                (clip for _, clip in stream),
+                clips,
+                device="cuda" if cuda else "cpu",
+                dtype=torch.bfloat16 if cuda else torch.float32,
+                batch_size=batch_size,
+                progress=progress,
+            )
+        except EvaluationError:  # no usable clip of this length
+            return None, skipped
+        return stats, skipped
+
+    length = frames
+    stats, skipped = measure(length)
+    if stats is None and fallback_frames and fallback_frames != frames:
+        length = fallback_frames
+        stats, skipped = measure(length)
+        if stats is not None:
+            print(f"latent statistics: no video has {frames} frames, measured on {length}-frame clips", flush=True)
+    if stats is None:
+        why = "; ".join(skipped[:3]) or "the dataset holds no videos"
+        raise EvaluationError(f"no usable {length}x{size}x{size} clip in {data} for the latent statistics: {why}")
+    if skipped:
+        print(f"latent statistics: skipped {len(skipped)} videos (first: {skipped[0]})", flush=True)
+    if stats.clips < clips:
+        print(f"latent statistics: {stats.clips} clips (the dataset holds no more), fewer than asked", flush=True)
+    if stats.measured_positions is not None:
+        print(
+            f"latent statistics: latent frames {stats.measured_positions} to {stats.mean.shape[1] - 1} carry the "
+            "pooled statistics of the measured ones",
+            flush=True,
+        )
+    return stats
+
+
+def read_latent_stats(checkpoint: str | Path) -> LatentStats | None:
+    """The statistics beside ``checkpoint`` (a tokenizer folder, or a file in one): ``mean_std.pt``, and
+    ``image_mean_std.pt`` when there, loaded weights-only as ``[C, T]`` and ``[C]``; None when there is no
+    ``mean_std.pt``. A file that is not a pair of tensors raises a one-line :class:`CheckpointError`."""
+    folder = stats_folder(checkpoint)
+    if not (folder / MEAN_STD).is_file():
+        return None
+
+    def pair(name: str) -> tuple[Tensor, Tensor]:
+        value = load_torch_file(folder / name)
+        if not (isinstance(value, tuple | list) and len(value) == 2 and all(isinstance(t, Tensor) for t in value)):
+            raise CheckpointError(f"{folder / name} does not hold a (mean, std) pair of tensors")
+        mean, std = (t.float() for t in value)
+        if mean.shape != std.shape:
+            raise CheckpointError(f"{folder / name}: mean {tuple(mean.shape)} and std {tuple(std.shape)} differ")
+        return mean, std
+
+    mean, std = pair(MEAN_STD)
+    channels = mean.shape[0] if mean.dim() > 0 else 1
+    mean, std = mean.reshape(channels, -1), std.reshape(channels, -1)
+    image_mean, image_std = pair(IMAGE_MEAN_STD) if (folder / IMAGE_MEAN_STD).is_file() else (mean[:, 0], std[:, 0])
+    return LatentStats(mean, std, image_mean.reshape(-1), image_std.reshape(-1), clips=0)
+
+
+def stats_folder(checkpoint: str | Path) -> Path:
+    """Where the statistics of ``checkpoint`` live: the folder itself, or the folder of a file."""
+    path = Path(checkpoint).expanduser()
+    return path if path.is_dir() else path.parent
+
+
+def copy_latent_stats(source: str | Path, out: str | Path) -> list[Path]:
+    """Copy the statistics files of the folder ``source`` into ``out`` unchanged (a tokenizer whose encoder did
+    not train keeps its latent space, so the base's statistics stay exact); returns the copies."""
+    copied = []
+    for name in (MEAN_STD, IMAGE_MEAN_STD):
+        if (Path(source) / name).is_file():
+            with atomic_path(Path(out) / name) as tmp:
+                shutil.copyfile(Path(source) / name, tmp)
+            copied.append(Path(out) / name)
+    return copied
+
+
+def stats_shift(new: LatentStats, base: LatentStats) -> dict[str, Any]:
+    """What a downstream model normalizing with ``base``'s statistics sees of latents distributed as ``new``'s,
+    per channel, over the latent positions both cover: the mean offset ``(mean - base mean) / base std`` (0: no
+    shift) and the std ratio ``std / base std`` (1: no change), averaged and at the worst position."""
+    if new.mean.shape[0] != base.mean.shape[0]:
+        raise EvaluationError(f"latent statistics of {new.mean.shape[0]} and {base.mean.shape[0]} channels differ")
+    positions = min(new.mean.shape[1], base.mean.shape[1])
+    offset = (new.mean[:, :positions] - base.mean[:, :positions]) / base.std[:, :positions]
+    ratio = new.std[:, :positions] / base.std[:, :positions]
+    worst = offset.abs().argmax(dim=1)
+    channels = [
+        {
+            "channel": c,
+            "mean_offset": offset[c].mean().item(),
+            "worst_mean_offset": offset[c, worst[c]].item(),
+            "std_ratio": ratio[c].mean().item(),
+            "worst_std_ratio": ratio[c, (ratio[c] - 1).abs().argmax()].item(),
+        }
+        for c in range(offset.shape[0])
+    ]
+    return {
+        "positions": positions,
+        "max_abs_mean_offset": offset.abs().max().item(),
+        "max_std_change": (ratio - 1).abs().max().item(),
+        "channels": channels,
+    }
+
+
+def shift_markdown(shift: dict[str, Any]) -> list[str]:
+    """The per-channel table of :func:`stats_shift`, as markdown lines (evaluation report and model card)."""
+    lines = [
+        "## Latent statistics against the base",
+        "",
+        "A world model trained on the base tokenizer normalizes latents with the base's `mean_std.pt`; the "
+        "post-trained encoder's latents then have, per channel (in units of the base std, over "
+        f"{shift['positions']} latent frames), this mean offset and std ratio. Largest offset "
+        f"{shift['max_abs_mean_offset']:.4f}, largest std change {shift['max_std_change']:.2%}.",
+        "",
+        "| channel | mean offset | worst position | std ratio | worst position |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {c['channel']} | {c['mean_offset']:+.4f} | {c['worst_mean_offset']:+.4f} | {c['std_ratio']:.4f} | "
+        f"{c['worst_std_ratio']:.4f} |"
+        for c in shift["channels"]
+    ]
+    return [*lines, ""]

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .latent_stats import shift_markdown
 from .media import write_mp4
 
 RESULTS_JSON = "results.json"
@@ -238,7 +239,19 @@ def _markdown(results: dict[str, Any]) -> str:
     for i, key in enumerate(per_clip["keys"]):
         before = _fmt("{:.2f}", per_clip["baseline"]["psnr"][i]) if has_base else "-"
         lines.append(f"| `{key}` | {before} | {_fmt('{:.2f}', per_clip['model']['psnr'][i])} |")
-    return "\n".join(lines) + "\n"
+    sections = card_sections(results)
+    return "\n".join([*lines, "", *sections] if sections else lines) + "\n"
+
+
+def card_sections(results: dict[str, Any]) -> list[str]:
+    """Markdown sections of an evaluation that belong in the model card too: the latent statistics' shift
+    against the base's, when both tokenizers have them."""
+    shift = results.get("latent_stats_shift")
+    if not shift:
+        return []
+    if shift["max_abs_mean_offset"] == 0 and shift["max_std_change"] == 0:
+        return ["## Latent statistics against the base", "", "Identical to the base's (`mean_std.pt`).", ""]
+    return shift_markdown(shift)
 
 
 def write_report(results: dict[str, Any], out_dir: Path) -> Path:

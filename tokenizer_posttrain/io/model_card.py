@@ -9,10 +9,16 @@ from .checkpoint import read_checkpoint
 
 
 def model_card(
-    checkpoint: Path, info: dict[str, Any], results: dict[str, Any] | None, ema: bool, verdict: str | None = None
+    checkpoint: Path,
+    info: dict[str, Any],
+    results: dict[str, Any] | None,
+    ema: bool,
+    verdict: str | None = None,
+    sections: list[str] | None = None,
 ) -> str:
     """The README.md written next to the exported files; ``verdict`` (how it compares with its base, e.g.
-    ``WORSE than the base: PSNR 6.34 -> 5.92 dB ...``) goes above everything else."""
+    ``WORSE than the base: PSNR 6.34 -> 5.92 dB ...``) goes above everything else; ``sections`` (markdown
+    lines) at the end."""
     hp = info.get("hyper_parameters") or {}
     model, data = hp.get("model") or {}, hp.get("data") or {}
     lines = [
@@ -41,7 +47,9 @@ def model_card(
             if isinstance(value, (int, float)):
                 before = base.get(key)
                 lines.append(f"| {key} | {before if before is not None else '-'} | {value} |")
-    return "\n".join(lines) + "\n"
+    if sections:
+        lines += ["", *sections]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def checkpoint_card(
@@ -51,15 +59,16 @@ def checkpoint_card(
     ema: bool,
     global_step: int | None = None,
     verdict: str | None = None,
+    sections: list[str] | None = None,
 ) -> str:
     """The model card of weights exported from ``checkpoint``: base model, what trained, data and clip and steps
     are read from a training checkpoint's hyperparameters (``global_step`` overrides its step: an export made
     at the end of a run can be newer than its last checkpoint). The one path the export command and the
-    posttrain workflow share. ``verdict``: see :func:`model_card`."""
+    posttrain workflow share. ``verdict`` and ``sections``: see :func:`model_card`."""
     info: dict[str, Any] = {"model": model}
     if checkpoint.suffix == ".ckpt" and checkpoint.is_file():
         ckpt = read_checkpoint(checkpoint, mmap=True)
         info.update(global_step=ckpt.get("global_step"), hyper_parameters=ckpt.get("hyper_parameters"))
     if global_step is not None:
         info["global_step"] = global_step
-    return model_card(checkpoint, info, results, ema, verdict)
+    return model_card(checkpoint, info, results, ema, verdict, sections)

@@ -86,6 +86,10 @@ class TokenizerConfig:
         """Channels of what ``encode`` hands to downstream models (CV latent or DV codes)."""
         return self.embedding_dim if self.is_discrete else self.latent_channels
 
+    def latent_frames(self, frames: int) -> int:
+        """Latent frames of a clip of ``frames`` (1 + kT) frames: the first frame is coded alone."""
+        return 1 + (frames - 1) // self.temporal_compression
+
     @property
     def full_name(self) -> str:
         return f"Cosmos-1.0-Tokenizer-{self.name}"

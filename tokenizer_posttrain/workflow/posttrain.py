@@ -1,7 +1,7 @@
 """The one-command post-training workflow, as a plain typed function (CLI and NeMo-Run share it).
 
 Steps: shards (unless ``videos`` is already an energon dataset) -> baseline evaluation ->
-training (with its preflight) -> evaluation against the baseline -> export with a model card.
+training (with its preflight) -> export with latent statistics -> evaluation against the baseline -> model card.
 With ``sweep``, short runs over learning rate and what trains pick the configuration first.
 """
 
@@ -18,8 +18,14 @@ from typing import Literal, Optional
 from ..core.errors import DataError, UserError, WorseThanBaseError
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.layout import dataset_splits
-from ..evaluation.report import Verdict
-from ..io.checkpoint import MODEL_FLAG, read_weights, resolve_config
+from ..evaluation.latent_stats import (
+    copy_latent_stats,
+    dataset_latent_stats,
+    read_latent_stats,
+    stats_folder,
+)
+from ..evaluation.report import Verdict, card_sections
+from ..io.checkpoint import MODEL_FLAG, load_tokenizer, read_weights, resolve_config
 from ..io.model_card import checkpoint_card
 from ..losses.perceptual import find_vgg16_weights
 from ..network.registry import TokenizerConfig
@@ -158,6 +164,7 @@ def posttrain(
     sweep_lrs: Optional[list[float]] = None,
     max_latent_drift: float = 0.05,
     allow_worse: bool = False,
+    stats_clips: int = 200,
 ) -> dict:
     """Post-train ``base`` on ``videos``: shards, baseline evaluation, training, evaluation, export with a model
     card. Returns the summary (also written to ``out/summary.json``).
@@ -193,6 +200,9 @@ def posttrain(
             under this
         allow_worse: finish with exit code 0 even when the post-trained tokenizer is worse than the base on
             the held-out clips (otherwise exit code 3, its files kept)
+        stats_clips: training clips encoded for the latent statistics of a continuous tokenizer (mean_std.pt and
+            image_mean_std.pt in the export; 121-frame clips where the videos are long enough). When only the
+            decoder trained and the base folder has them, the base's files are copied instead
     """
     from ..evaluation.evaluate import evaluate
 
@@ -237,6 +247,9 @@ def posttrain(
     if export_dir.exists():
         shutil.rmtree(export_dir)
     shutil.copytree(export, export_dir)
+    stats_files = write_latent_stats(
+        config, chosen["trainable"], base, data_path, export_dir, stats_clips, frames, size, resize_short_side
+    )
     print("[3/4] evaluation against the baseline", flush=True)
     after = evaluate(
         str(export_dir), str(data_path), str(run_dir / "eval"), baseline=base, max_clips=eval_clips, **clip
@@ -252,6 +265,7 @@ def posttrain(
             ema=False,
             global_step=steps,
             verdict=judged.line,
+            sections=card_sections(after),
         )
     )
     summary = {
@@ -260,6 +274,7 @@ def posttrain(
         "verdict": judged.word,
         "chosen": chosen,
         "export": str(export_dir),
+        "latent_stats": stats_files,
         "report": str(run_dir / "eval" / "report.md"),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -275,6 +290,37 @@ def posttrain(
             "or --sweep, or pass --allow-worse to accept it"
         )
     return summary
+
+
+def write_latent_stats(
+    config: TokenizerConfig,
+    trainable: str,
+    base: str,
+    data_path: Path,
+    export_dir: Path,
+    clips: int,
+    frames: int,
+    size: int,
+    resize_short_side: int | None,
+) -> str:
+    """Write ``mean_std.pt`` and ``image_mean_std.pt`` into the export of a continuous tokenizer: the base's
+    files when only the decoder trained (the latent space did not move), else computed from the training data.
+    Returns what was done, for the summary."""
+    if config.is_discrete:
+        print(f"latent statistics: none for {config.name} (world models read its token indices)", flush=True)
+        return "none (discrete tokenizer)"
+    base_dir = stats_folder(base)
+    if trainable == "decoder" and read_latent_stats(base_dir) is not None:
+        copied = copy_latent_stats(base_dir, export_dir)
+        names = ", ".join(p.name for p in copied)
+        print(f"latent statistics: the encoder did not train, copied {names} from {base_dir}", flush=True)
+        return f"copied from {base_dir}"
+    network = load_tokenizer(export_dir)
+    stats = dataset_latent_stats(
+        network, data_path, clips, size, fallback_frames=frames, resize_short_side=resize_short_side
+    )
+    stats.write(export_dir)
+    return f"computed from {stats.clips} training clips"
 
 
 def run_sweep(
