@@ -76,24 +76,38 @@ def long_videos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_energon_dataset(tmp_path_factory.mktemp("long"), videos)
 
 
-def test_the_export_normalizes_latents_the_way_the_cosmos_loader_reads_them(
-    long_videos: Path, tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    ckpt = reference_weights("CV8x8x8")
-    out = tmp_path / "export"
-    args = ["export", "--checkpoint", str(ckpt), "--out", str(out), "--latent-stats", str(long_videos)]
-    assert main([*args, "--stats-frames", "121", "--stats-size", "32", "--stats-clips", "4"]) == 0
-    assert "mean_std.pt, image_mean_std.pt" in capsys.readouterr().out
-    # The loader's way: weights-only, view(16, -1), the first 16 latent frames (a 121-frame chunk).
-    mean, std = torch.load(out / "mean_std.pt", weights_only=True)
-    mean, std = mean.view(16, -1)[:, :16], std.view(16, -1)[:, :16]
-    image_mean, image_std = (t.view(16) for t in torch.load(out / "image_mean_std.pt", weights_only=True))
-    encoder = torch.jit.load(str(out / "encoder.jit")).to(torch.bfloat16)
-    decoder = torch.jit.load(str(out / "decoder.jit")).to(torch.bfloat16)
+@pytest.fixture(scope="module")
+def exported(long_videos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny CV8x8x8 exported with latent statistics of the four chunks; read only."""
+    out = tmp_path_factory.mktemp("export") / "export"
+    args = ["export", "--checkpoint", str(reference_weights("CV8x8x8")), "--out", str(out)]
+    stats = ["--latent-stats", str(long_videos), "--stats-frames", "121", "--stats-size", "32", "--stats-clips", "4"]
+    assert main([*args, *stats]) == 0
+    return out
+
+
+def chunks(long_videos: Path) -> torch.Tensor:
+    """The four 121-frame chunks ``[4, 3, 121, 32, 32]`` in [-1, 1]."""
     from tokenizer_posttrain.evaluation.evaluate import open_clips
 
     _, clips = open_clips(str(long_videos), 121, 32, 32, None, [])
-    x = torch.stack([clip for _, clip in clips])  # the four chunks
+    return torch.stack([clip for _, clip in clips])
+
+
+def cosmos_loader(folder: Path) -> tuple[torch.jit.ScriptModule, torch.jit.ScriptModule, torch.Tensor, torch.Tensor]:
+    """What the Cosmos-1.0 world models' tokenizer loader does with a tokenizer folder: both modules cast to
+    bf16, the statistics read weights-only through ``view(16, -1)``, cut to the 16 latent frames of a chunk and
+    cast to the modules' dtype."""
+    encoder = torch.jit.load(str(folder / "encoder.jit")).to(torch.bfloat16)
+    decoder = torch.jit.load(str(folder / "decoder.jit")).to(torch.bfloat16)
+    mean, std = torch.load(folder / "mean_std.pt", weights_only=True)
+    return encoder, decoder, mean.view(16, -1)[:, :16].bfloat16(), std.view(16, -1)[:, :16].bfloat16()
+
+
+def test_the_export_normalizes_latents_the_way_the_cosmos_loader_reads_them(long_videos: Path, exported: Path) -> None:
+    encoder, decoder, mean, std = cosmos_loader(exported)
+    image_mean, image_std = (t.view(16) for t in torch.load(exported / "image_mean_std.pt", weights_only=True))
+    x = chunks(long_videos)
     with torch.no_grad():
         latent = encoder(x.bfloat16())[0].float()  # [4, 16, 16, 4, 4]
         normalized = (latent - mean[None, :, :, None, None]) / std[None, :, :, None, None]
@@ -106,10 +120,44 @@ def test_the_export_normalizes_latents_the_way_the_cosmos_loader_reads_them(
         restored = normalized * std[None, :, :, None, None] + mean[None, :, :, None, None]
         torch.testing.assert_close(decoder(restored.bfloat16()), decoder(latent.bfloat16()), atol=0.05, rtol=0.05)
         # The image path: per channel, of single-frame latents.
-        ours = load_tokenizer(ckpt).eval()
+        ours = load_tokenizer(reference_weights("CV8x8x8")).eval()
         frames = ours.encode(x[:, :, :1])
         torch.testing.assert_close(image_mean, frames.mean(dim=(0, 2, 3, 4)), atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(image_std, frames.std(dim=(0, 2, 3, 4), correction=0), atol=1e-4, rtol=1e-4)
+
+
+def test_a_long_video_through_the_cosmos_loader_matches_our_own_chunked_pipeline(
+    long_videos: Path, exported: Path
+) -> None:
+    from tokenizer_posttrain.evaluation.inference import encode, reconstruct
+    from tokenizer_posttrain.evaluation.media import to_frames
+    from tokenizer_posttrain.evaluation.metrics import clip_psnr
+
+    encoder, decoder, mean, std = cosmos_loader(exported)
+    x = chunks(long_videos)
+    video = to_frames(torch.cat([x[0], x[1]], dim=1))  # uint8 [242, 32, 32, 3]: two chunks of 121 frames
+    with torch.no_grad():
+        # The world model's way: 121-frame chunks, each encoded, normalized, denormalized and decoded in bf16.
+        latents, restored, round_trip = [], [], []
+        for chunk in video.split(121):
+            clip = (chunk.permute(3, 0, 1, 2)[None].float() / 127.5 - 1).bfloat16()
+            latent = encoder(clip)[0]
+            normalized = (latent - mean[None, :, :, None, None]) / std[None, :, :, None, None]
+            latents.append(latent.float())
+            restored.append(normalized * std[None, :, :, None, None] + mean[..., None, None])
+            round_trip.append(to_frames(decoder(restored[-1])[0]))
+        ours = load_tokenizer(reference_weights("CV8x8x8")).to(torch.bfloat16).eval()
+        our_latents = encode(ours, video, window=121, context=0, dtype=torch.bfloat16)["latent"].float()
+        our_video = reconstruct(ours, video, window=121, context=0, dtype=torch.bfloat16)
+        exact = reconstruct(ours.float(), video, window=121, context=0)  # our pipeline in fp32: the reference
+    # The latents are ours, and the statistics' round trip gives them back to bf16 precision.
+    torch.testing.assert_close(torch.cat(latents), our_latents, atol=0.02, rtol=0.02)
+    torch.testing.assert_close(torch.cat(restored).float(), torch.cat(latents), atol=0.01, rtol=0)
+    # Pure-bf16 TorchScript and our autocast bf16 run their norms in different precisions: each lands a few
+    # levels from the fp32 result, the loader's round trip no farther from it than our own bf16 pipeline.
+    loader_psnr = clip_psnr(torch.cat(round_trip)[None].float(), exact[None].float(), data_range=255.0).item()
+    ours_psnr = clip_psnr(our_video[None].float(), exact[None].float(), data_range=255.0).item()
+    assert loader_psnr > ours_psnr - 1.0 and loader_psnr > 35, (loader_psnr, ours_psnr)
 
 
 def test_a_discrete_tokenizer_has_no_latent_statistics_and_nothing_is_written(

@@ -30,8 +30,8 @@ def _export(args: argparse.Namespace) -> int:
             f"--latent-stats: {network.config.name} is a discrete tokenizer; world models read its token indices, "
             "which have no latent statistics (leave out --latent-stats)"
         )
-    if args.stats_clips < 1 or args.stats_batch_size < 1:
-        raise CommandError("--stats-clips and --stats-batch-size must be positive")
+    if args.stats_clips < 1 or args.stats_batch_size < 1 or (args.stats_workers or 0) < 0:
+        raise CommandError("--stats-clips and --stats-batch-size must be positive, --stats-workers at least 0")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     out = export_tokenizer(network, args.out, dtype=dtype)
     results_path = Path(args.results) if args.results else checkpoint.parent.parent / "eval" / "results.json"
@@ -54,7 +54,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _write_latent_stats(network: CausalVideoTokenizer, out: Path, args: argparse.Namespace) -> list[Path]:
-    from ..evaluation.latent_stats import dataset_latent_stats
+    from ..evaluation.latent_stats import dataset_latent_stats, default_stats_workers
 
     stats = dataset_latent_stats(
         network,
@@ -64,6 +64,7 @@ def _write_latent_stats(network: CausalVideoTokenizer, out: Path, args: argparse
         frames=args.stats_frames,
         resize_short_side=args.stats_resize_short_side,
         batch_size=args.stats_batch_size,
+        workers=args.stats_workers if args.stats_workers is not None else default_stats_workers(),
     )
     return stats.write(out)
 
@@ -97,4 +98,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stats-size", type=int, default=256, help="centre crop of the clips (the training crop)")
     parser.add_argument("--stats-resize-short-side", type=int, help="resize frames to this short side before the crop")
     parser.add_argument("--stats-batch-size", type=int, default=1, help="clips encoded at once")
+    parser.add_argument(
+        "--stats-workers",
+        type=int,
+        help="video decoding processes (0: in this one; default: up to 8 with a GPU, else 0)",
+    )
     parser.set_defaults(func=run)

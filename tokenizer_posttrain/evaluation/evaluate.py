@@ -44,12 +44,14 @@ def open_clips(
     resize_short_side: int | None,
     skipped: list[str],
     prefer: str = "val",
+    workers: int = 0,
 ) -> tuple[str, Iterator[tuple[str, Tensor]]]:
     """(which split, iterator of ``(key, clip [3, T, H, W] fp32 in [-1, 1])``) of an energon dataset.
 
     The ``prefer`` split (``val``: held-out clips; ``train``: the training data), else the other one, through the
     trainer's own validation loader: middle frames, centre crop, one ordered, non-repeating pass. Videos the
-    loader skips (too short, too small, unreadable) are named in ``skipped``.
+    loader skips (too short, too small, unreadable) are named in ``skipped``. ``workers`` > 0 decodes in that many
+    processes (each reads its own shards, so clips arrive interleaved, not in dataset order).
     """
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
@@ -72,7 +74,7 @@ def open_clips(
     encoder = VideoClipTaskEncoder(
         ClipSpec(frames, height, width, resize_short_side=resize_short_side, random_crop=False)
     )
-    worker = WorkerConfig.default_worker_config(num_workers=0)
+    worker = WorkerConfig.default_worker_config(num_workers=workers)
     loader = get_loader(
         get_val_dataset(path, split_part=split, worker_config=worker, batch_size=1, task_encoder=encoder)
     )

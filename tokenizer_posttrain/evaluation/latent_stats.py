@@ -8,6 +8,7 @@ per-channel ``(mean, std)`` ``[C]`` of single-frame latents, for the image path 
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from ..core.errors import CheckpointError, EvaluationError
 from ..core.files import atomic_path
 from ..core.untrusted import load_torch_file
 from ..network.tokenizer import CausalVideoTokenizer
+from ..training.acceleration import compile_module_call, configure_network
 
 MEAN_STD = "mean_std.pt"
 IMAGE_MEAN_STD = "image_mean_std.pt"
@@ -117,26 +119,32 @@ def latent_statistics(
     batch_size: int = 1,
     progress: bool = False,
     positions: int | None = None,
+    compile: bool = False,
 ) -> LatentStats:
     """Encode up to ``max_clips`` clips (``[3, T, H, W]`` in [-1, 1], one shape) and their first frames, and
     return the latent statistics. ``dtype`` is the encoder's compute dtype (bf16 on GPUs: inference speed).
     ``positions``: latent frames the statistics must cover (default: those of a :data:`CHUNK_FRAMES` chunk);
     clips shorter than that chunk leave the later positions to :meth:`Moments.extended`. ``progress`` shows a
-    bar with clips/s on stderr."""
+    bar with clips/s on stderr. ``compile``: channels-last activations and a compiled encoder (GPUs; each clip
+    shape compiles once)."""
     if network.is_discrete:
         raise EvaluationError(
             f"{network.config.name} is a discrete tokenizer: world models read its token indices, which have no "
             "latent statistics (none are written)"
         )
     net = network.to(device, dtype).eval()
+    encode = net.encode
+    if compile:
+        configure_network(net, channels_last=True)
+        encode = compile_module_call(net.encode)
     video, image = Moments(), Moments()
     seen, batch = 0, []
     bar = tqdm(total=max_clips, desc="latent statistics", unit="clip", disable=not progress, dynamic_ncols=True)
 
     def flush() -> None:
         x = torch.stack(batch).to(device, dtype)
-        video.add(net.encode(x), reduce=(0, 3, 4))  # [B, C, T, h, w] -> per (C, T)
-        image.add(net.encode(x[:, :, :1]), reduce=(0, 2, 3, 4))  # single frames -> per C
+        video.add(encode(x), reduce=(0, 3, 4))  # [B, C, T, h, w] -> per (C, T)
+        image.add(encode(x[:, :, :1]), reduce=(0, 2, 3, 4))  # single frames -> per C
         batch.clear()
 
     with bar:
@@ -160,6 +168,11 @@ def latent_statistics(
     return LatentStats(mean, std, image_mean, image_std, seen, measured if measured < wanted else None)
 
 
+def default_stats_workers() -> int:
+    """Decoding processes for the statistics: the encoder outruns one decoding process on a GPU, not on a CPU."""
+    return min(8, os.cpu_count() or 1) if torch.cuda.is_available() else 0
+
+
 def dataset_latent_stats(
     network: CausalVideoTokenizer,
     data: str | Path,
@@ -170,18 +183,22 @@ def dataset_latent_stats(
     resize_short_side: int | None = None,
     batch_size: int = 1,
     progress: bool = True,
+    workers: int = 0,
 ) -> LatentStats:
     """:func:`latent_statistics` of up to ``clips`` clips of the energon dataset ``data`` (its train split,
     else val; middle ``frames`` frames, centre ``size`` crop), on the GPU in bf16 when there is one. When no video
     is long enough for ``frames`` and ``fallback_frames`` is given, clips of that length instead (the positions
-    past them pooled, see :meth:`Moments.extended`); what was skipped or shortened is printed."""
+    past them pooled, see :meth:`Moments.extended`); what was skipped or shortened is printed. ``workers``:
+    decoding processes (see :func:`~.evaluate.open_clips`)."""
     from .evaluate import open_clips
 
     cuda = torch.cuda.is_available()
 
     def measure(length: int) -> tuple[LatentStats | None, list[str]]:
         skipped: list[str] = []
-        _, stream = open_clips(str(data), length, size, size, resize_short_side, skipped, prefer="train")
+        _, stream = open_clips(
+            str(data), length, size, size, resize_short_side, skipped, prefer="train", workers=workers
+        )
         try:
             stats = latent_statistics(
                 network,
@@ -191,6 +208,7 @@ def dataset_latent_stats(
                 dtype=torch.bfloat16 if cuda else torch.float32,
                 batch_size=batch_size,
                 progress=progress,
+                compile=cuda,
             )
         except EvaluationError:  # no usable clip of this length
             return None, skipped

@@ -248,7 +248,7 @@ def posttrain(
         shutil.rmtree(export_dir)
     shutil.copytree(export, export_dir)
     stats_files = write_latent_stats(
-        config, chosen["trainable"], base, data_path, export_dir, stats_clips, frames, size, resize_short_side
+        config, chosen["trainable"], base, data_path, export_dir, stats_clips, clip, num_workers
     )
     print("[3/4] evaluation against the baseline", flush=True)
     after = evaluate(
@@ -299,13 +299,13 @@ def write_latent_stats(
     data_path: Path,
     export_dir: Path,
     clips: int,
-    frames: int,
-    size: int,
-    resize_short_side: int | None,
+    clip: dict,
+    workers: int,
 ) -> str:
     """Write ``mean_std.pt`` and ``image_mean_std.pt`` into the export of a continuous tokenizer: the base's
-    files when only the decoder trained (the latent space did not move), else computed from the training data.
-    Returns what was done, for the summary."""
+    files when only the decoder trained (the latent space did not move), else computed from the training data
+    (``clip``: the training clip's ``frames``, ``size`` and ``resize_short_side``; 121-frame chunks where the
+    videos are long enough). Returns what was done, for the summary."""
     if config.is_discrete:
         print(f"latent statistics: none for {config.name} (world models read its token indices)", flush=True)
         return "none (discrete tokenizer)"
@@ -317,7 +317,13 @@ def write_latent_stats(
         return f"copied from {base_dir}"
     network = load_tokenizer(export_dir)
     stats = dataset_latent_stats(
-        network, data_path, clips, size, fallback_frames=frames, resize_short_side=resize_short_side
+        network,
+        data_path,
+        clips,
+        clip["size"],
+        fallback_frames=clip["frames"],
+        resize_short_side=clip["resize_short_side"],
+        workers=workers,
     )
     stats.write(export_dir)
     return f"computed from {stats.clips} training clips"
