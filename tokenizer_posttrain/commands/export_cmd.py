@@ -55,6 +55,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _write_latent_stats(network: CausalVideoTokenizer, out: Path, args: argparse.Namespace) -> list[Path]:
     from ..evaluation.latent_stats import dataset_latent_stats, default_stats_workers
+    from ..training.acceleration import fast_encoder
 
     stats = dataset_latent_stats(
         network,
@@ -65,6 +66,7 @@ def _write_latent_stats(network: CausalVideoTokenizer, out: Path, args: argparse
         resize_short_side=args.stats_resize_short_side,
         batch_size=args.stats_batch_size,
         workers=args.stats_workers if args.stats_workers is not None else default_stats_workers(),
+        accelerate=fast_encoder,
     )
     return stats.write(out)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,10 @@ from ..core.errors import CheckpointError, EvaluationError
 from ..core.files import atomic_path
 from ..core.untrusted import load_torch_file
 from ..network.tokenizer import CausalVideoTokenizer
-from ..training.acceleration import compile_module_call, configure_network
+
+Accelerate = Callable[[CausalVideoTokenizer], Callable[[Tensor], Tensor]]
+"""Turns a network into a faster ``encode`` (training.acceleration's :func:`fast_encoder`, handed down by the
+commands: this layer sits below it)."""
 
 MEAN_STD = "mean_std.pt"
 IMAGE_MEAN_STD = "image_mean_std.pt"
@@ -119,24 +122,20 @@ def latent_statistics(
     batch_size: int = 1,
     progress: bool = False,
     positions: int | None = None,
-    compile: bool = False,
+    accelerate: Accelerate | None = None,
 ) -> LatentStats:
     """Encode up to ``max_clips`` clips (``[3, T, H, W]`` in [-1, 1], one shape) and their first frames, and
     return the latent statistics. ``dtype`` is the encoder's compute dtype (bf16 on GPUs: inference speed).
     ``positions``: latent frames the statistics must cover (default: those of a :data:`CHUNK_FRAMES` chunk);
     clips shorter than that chunk leave the later positions to :meth:`Moments.extended`. ``progress`` shows a
-    bar with clips/s on stderr. ``compile``: channels-last activations and a compiled encoder (GPUs; each clip
-    shape compiles once)."""
+    bar with clips/s on stderr. ``accelerate`` gives the ``encode`` to run (e.g. compiled, on GPUs)."""
     if network.is_discrete:
         raise EvaluationError(
             f"{network.config.name} is a discrete tokenizer: world models read its token indices, which have no "
             "latent statistics (none are written)"
         )
     net = network.to(device, dtype).eval()
-    encode = net.encode
-    if compile:
-        configure_network(net, channels_last=True)
-        encode = compile_module_call(net.encode)
+    encode = accelerate(net) if accelerate is not None else net.encode
     video, image = Moments(), Moments()
     seen, batch = 0, []
     bar = tqdm(total=max_clips, desc="latent statistics", unit="clip", disable=not progress, dynamic_ncols=True)
@@ -184,12 +183,14 @@ def dataset_latent_stats(
     batch_size: int = 1,
     progress: bool = True,
     workers: int = 0,
+    accelerate: Accelerate | None = None,
 ) -> LatentStats:
     """:func:`latent_statistics` of up to ``clips`` clips of the energon dataset ``data`` (its train split,
     else val; middle ``frames`` frames, centre ``size`` crop), on the GPU in bf16 when there is one. When no video
     is long enough for ``frames`` and ``fallback_frames`` is given, clips of that length instead (the positions
     past them pooled, see :meth:`Moments.extended`); what was skipped or shortened is printed. ``workers``:
-    decoding processes (see :func:`~.evaluate.open_clips`)."""
+    decoding processes (see :func:`~.evaluate.open_clips`); ``accelerate``: see :func:`latent_statistics`, used
+    on GPUs only."""
     from .evaluate import open_clips
 
     cuda = torch.cuda.is_available()
@@ -208,7 +209,7 @@ def dataset_latent_stats(
                 dtype=torch.bfloat16 if cuda else torch.float32,
                 batch_size=batch_size,
                 progress=progress,
-                compile=cuda,
+                accelerate=accelerate if cuda else None,
             )
         except EvaluationError:  # no usable clip of this length
             return None, skipped

@@ -106,6 +106,12 @@ def compile_module_call(fn: Fn, backend: str | None = None, mode: str | None = N
     return torch.compile(fn, backend=backend or COMPILE_BACKEND, dynamic=False, mode=mode)
 
 
+def fast_encoder(network: nn.Module) -> Callable[[Tensor], Tensor]:
+    """``network.encode`` for inference on a GPU: channels-last activations, compiled (once per clip shape)."""
+    configure_network(network, channels_last=True)
+    return compile_module_call(network.encode)
+
+
 def keep_graphs_whole() -> None:
     """Compile the same graphs under DDP as on one GPU.
 

@@ -29,6 +29,7 @@ from ..io.checkpoint import MODEL_FLAG, load_tokenizer, read_weights, resolve_co
 from ..io.model_card import checkpoint_card
 from ..losses.perceptual import find_vgg16_weights
 from ..network.registry import TokenizerConfig
+from ..training.acceleration import fast_encoder
 from ..training.config import (
     DataConfig,
     LogConfig,
@@ -324,6 +325,7 @@ def write_latent_stats(
         fallback_frames=clip["frames"],
         resize_short_side=clip["resize_short_side"],
         workers=workers,
+        accelerate=fast_encoder,
     )
     stats.write(export_dir)
     return f"computed from {stats.clips} training clips"
