@@ -69,6 +69,21 @@ def test_statistics_files_are_read_weights_only_and_checked(tmp_path: Path) -> N
         read_latent_stats(source)
 
 
+def test_clips_are_drawn_from_the_seed_and_passes_repeat_until_enough(tmp_path: Path) -> None:
+    from tokenizer_posttrain.evaluation.latent_stats import dataset_latent_stats
+
+    data = write_energon_dataset(tmp_path, {f"v{i}": encode_video(25, 48, 48, seed=i) for i in range(3)})
+    net = load_tokenizer(reference_weights("CV8x8x8")).eval()
+
+    def stats(seed: int) -> LatentStats:
+        return dataset_latent_stats(net, data, 7, 32, frames=9, seed=seed, progress=False)
+
+    first, again, other = stats(0), stats(0), stats(1)
+    assert first.clips == 7  # three videos, three passes
+    torch.testing.assert_close(first.mean, again.mean, atol=0, rtol=0)
+    assert not torch.allclose(first.mean, other.mean, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def long_videos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four 121-frame videos: each gives one chunk as the Cosmos world models encode it."""

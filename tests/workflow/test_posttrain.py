@@ -71,6 +71,7 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
         num_workers=0,
         val_fraction=0.5,
         eval_clips=4,
+        stats_clips=2,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -88,9 +89,9 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
     assert f"from `{base}`" in card and f"`{tmp_path / 'run' / 'data'}`, clips 9x64x64" in card, card
     assert "| steps | 40 |" in card
     assert card.splitlines()[2].startswith("**Verdict: better than the base: PSNR ")
-    # The base has no latent statistics: the export's are computed from the training clips (the one 132-frame
-    # video of the train split gives one 121-frame chunk), and there is no base to show a shift against.
-    assert summary["latent_stats"] == "computed from 1 training clips"
+    # The base has no latent statistics: the export's are computed from the training clips (two random 121-frame
+    # chunks of the train split's one video, in two passes), and there is no base to show a shift against.
+    assert summary["latent_stats"] == "computed from 2 training clips"
     mean, std = torch.load(export / MEAN_STD, weights_only=True)
     assert mean.view(16, -1)[:, :16].shape == std.shape == (16, 16) and bool((std > 0).all())
     assert (export / "image_mean_std.pt").is_file() and "Latent statistics" not in card
@@ -102,7 +103,7 @@ def test_a_post_trained_tokenizer_worse_than_its_base_says_so_and_exits_3(
     # A learning rate of 1 wrecks the tiny model in two steps: held-out PSNR falls (6.41 -> 5.30 dB when written).
     base, videos, _ = base_with_stats
     options = dict(steps=2, lr="1.0", frames=9, size=32, resize_short_side=64, batch_size=1, num_workers=0)
-    options.update(val_fraction=0.5, eval_clips=1)
+    options.update(val_fraction=0.5, eval_clips=1, stats_clips=1)
     result = posttrain(base, videos, tmp_path / "run", **options)
     assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -148,6 +149,7 @@ def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base
         sweep_steps=2,
         sweep_lrs="1e-3",
         max_latent_drift="0.001",
+        stats_clips=1,
         env={"NEMORUN_HOME": str(tmp_path / "nemo_run")},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -67,6 +67,7 @@ def _write_latent_stats(network: CausalVideoTokenizer, out: Path, args: argparse
         batch_size=args.stats_batch_size,
         workers=args.stats_workers if args.stats_workers is not None else default_stats_workers(),
         accelerate=fast_encoder,
+        seed=args.stats_seed,
     )
     return stats.write(out)
 
@@ -93,11 +94,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="DATA",
         help="energon dataset to compute the latent statistics (mean_std.pt, image_mean_std.pt) from; CV only",
     )
-    parser.add_argument("--stats-clips", type=int, default=200, help="clips encoded for the latent statistics")
+    parser.add_argument(
+        "--stats-clips", type=int, default=200, help="clips encoded for the latent statistics (passes repeat)"
+    )
+    parser.add_argument(
+        "--stats-seed", type=int, default=0, help="seed of the clips' random starts and crops (passes repeat)"
+    )
     parser.add_argument(
         "--stats-frames", type=int, default=121, help="frames per clip (121: the chunk the world models encode)"
     )
-    parser.add_argument("--stats-size", type=int, default=256, help="centre crop of the clips (the training crop)")
+    parser.add_argument("--stats-size", type=int, default=256, help="crop of the clips (the training crop)")
     parser.add_argument("--stats-resize-short-side", type=int, help="resize frames to this short side before the crop")
     parser.add_argument("--stats-batch-size", type=int, default=1, help="clips encoded at once")
     parser.add_argument(

@@ -45,13 +45,15 @@ def open_clips(
     skipped: list[str],
     prefer: str = "val",
     workers: int = 0,
+    seed: int | None = None,
 ) -> tuple[str, Iterator[tuple[str, Tensor]]]:
     """(which split, iterator of ``(key, clip [3, T, H, W] fp32 in [-1, 1])``) of an energon dataset.
 
     The ``prefer`` split (``val``: held-out clips; ``train``: the training data), else the other one, through the
     trainer's own validation loader: middle frames, centre crop, one ordered, non-repeating pass. Videos the
     loader skips (too short, too small, unreadable) are named in ``skipped``. ``workers`` > 0 decodes in that many
-    processes (each reads its own shards, so clips arrive interleaved, not in dataset order).
+    processes (each reads its own shards, so clips arrive interleaved, not in dataset order). With ``seed``, each
+    clip starts at a random frame and is cropped at a random place instead, drawn from that seed.
     """
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
@@ -72,9 +74,10 @@ def open_clips(
     # The trainer's validation reader (middle frames, centre crop, one ordered pass, in this process); for the train
     # split too, where the train reader would loop and shuffle.
     encoder = VideoClipTaskEncoder(
-        ClipSpec(frames, height, width, resize_short_side=resize_short_side, random_crop=False)
+        ClipSpec(frames, height, width, resize_short_side=resize_short_side, random_crop=seed is not None)
     )
     worker = WorkerConfig.default_worker_config(num_workers=workers)
+    worker.seed_offset = seed or 0
     loader = get_loader(
         get_val_dataset(path, split_part=split, worker_config=worker, batch_size=1, task_encoder=encoder)
     )

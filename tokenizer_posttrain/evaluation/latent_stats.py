@@ -8,9 +8,10 @@ per-channel ``(mean, std)`` ``[C]`` of single-frame latents, for the image path 
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,12 +45,21 @@ class Moments:
         self.m2: Tensor | None = None
 
     def add(self, values: Tensor, reduce: tuple[int, ...]) -> None:
+        """Take in ``values``, reduced over the axes ``reduce``."""
         values = values.double()
         n = 1
         for dim in reduce:
             n *= values.shape[dim]
         mean = values.mean(dim=reduce)
         m2 = ((values - values.mean(dim=reduce, keepdim=True)) ** 2).sum(dim=reduce)
+        self._combine(n, mean, m2)
+
+    def merge(self, other: Moments) -> None:
+        """Take in the values ``other`` took in."""
+        if other.mean is not None and other.m2 is not None:
+            self._combine(other.count, other.mean, other.m2)
+
+    def _combine(self, n: int, mean: Tensor, m2: Tensor) -> None:
         if self.mean is None or self.m2 is None:
             self.count, self.mean, self.m2 = n, mean, m2
             return
@@ -167,6 +177,11 @@ def latent_statistics(
     return LatentStats(mean, std, image_mean, image_std, seen, measured if measured < wanted else None)
 
 
+_PASSES = 1_000_000
+"""Passes over the dataset one seed may make: pass ``n`` of seed ``s`` draws from ``s * _PASSES + n``, so no two
+seeds share a draw."""
+
+
 def default_stats_workers() -> int:
     """Decoding processes for the statistics: the encoder outruns one decoding process on a GPU, not on a CPU."""
     return min(8, os.cpu_count() or 1) if torch.cuda.is_available() else 0
@@ -184,26 +199,45 @@ def dataset_latent_stats(
     progress: bool = True,
     workers: int = 0,
     accelerate: Accelerate | None = None,
+    seed: int = 0,
 ) -> LatentStats:
-    """:func:`latent_statistics` of up to ``clips`` clips of the energon dataset ``data`` (its train split,
-    else val; middle ``frames`` frames, centre ``size`` crop), on the GPU in bf16 when there is one. When no video
-    is long enough for ``frames`` and ``fallback_frames`` is given, clips of that length instead (the positions
-    past them pooled, see :meth:`Moments.extended`); what was skipped or shortened is printed. ``workers``:
-    decoding processes (see :func:`~.evaluate.open_clips`); ``accelerate``: see :func:`latent_statistics`, used
-    on GPUs only."""
+    """:func:`latent_statistics` of ``clips`` clips of the energon dataset ``data`` (its train split, else val),
+    on the GPU in bf16 when there is one. Each clip is ``frames`` frames from a random start, cropped to ``size``
+    at a random place (after resizing the short side to ``resize_short_side``), drawn from ``seed``; passes over
+    the videos repeat (with new draws) until ``clips`` are encoded. When no video is long enough for ``frames``
+    and ``fallback_frames`` is given, clips of that length instead (the positions past them pooled, see
+    :meth:`Moments.extended`); what was skipped or shortened is printed. ``workers``: decoding processes (see
+    :func:`~.evaluate.open_clips`); ``accelerate``: see :func:`latent_statistics`, used on GPUs only."""
     from .evaluate import open_clips
 
     cuda = torch.cuda.is_available()
 
+    def passes(length: int, skipped: list[str]) -> Iterator[Tensor]:
+        for n in itertools.count():
+            _, stream = open_clips(
+                str(data),
+                length,
+                size,
+                size,
+                resize_short_side,
+                skipped if n == 0 else [],  # the same videos skip in every pass
+                prefer="train",
+                workers=workers,
+                seed=seed * _PASSES + n,
+            )
+            found = 0
+            for _, clip in stream:
+                found += 1
+                yield clip
+            if not found:
+                return
+
     def measure(length: int) -> tuple[LatentStats | None, list[str]]:
         skipped: list[str] = []
-        _, stream = open_clips(
-            str(data), length, size, size, resize_short_side, skipped, prefer="train", workers=workers
-        )
         try:
             stats = latent_statistics(
                 network,
-                (clip for _, clip in stream),
+                passes(length, skipped),
                 clips,
                 device="cuda" if cuda else "cpu",
                 dtype=torch.bfloat16 if cuda else torch.float32,
@@ -227,8 +261,6 @@ def dataset_latent_stats(
         raise EvaluationError(f"no usable {length}x{size}x{size} clip in {data} for the latent statistics: {why}")
     if skipped:
         print(f"latent statistics: skipped {len(skipped)} videos (first: {skipped[0]})", flush=True)
-    if stats.clips < clips:
-        print(f"latent statistics: {stats.clips} clips (the dataset holds no more), fewer than asked", flush=True)
     if stats.measured_positions is not None:
         print(
             f"latent statistics: latent frames {stats.measured_positions} to {stats.mean.shape[1] - 1} carry the "
