@@ -17,6 +17,7 @@ import torch
 from diffusers import AutoencoderKLCosmos
 from safetensors.torch import load_file, save_file
 
+from tests.conftest import run_script
 from tokenizer_posttrain.core.errors import CheckpointError, ExportError
 from tokenizer_posttrain.evaluation.latent_stats import LatentStats
 from tokenizer_posttrain.io.checkpoint import expected_shapes, load_tokenizer, read_weights
@@ -277,3 +278,24 @@ def test_a_tampered_diffusers_folder_is_refused_in_one_line_naming_what_is_wrong
     with pytest.raises(CheckpointError, match=message) as err:
         read_weights(folder)
     assert "\n" not in str(err.value)
+
+
+_WITHOUT_DIFFUSERS = """
+import sys, warnings
+sys.modules["diffusers"] = None  # any import of diffusers now fails
+import torch
+from tokenizer_posttrain.io.checkpoint import load_tokenizer
+from tokenizer_posttrain.io.diffusers_format import write_diffusers
+from tokenizer_posttrain.network import build_tokenizer
+net = build_tokenizer("CV8x8x8", channels=8)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    write_diffusers(net, sys.argv[1], None)
+back = load_tokenizer(sys.argv[1]).state_dict()
+assert all(torch.equal(v, back[k]) for k, v in net.state_dict().items())
+"""
+
+
+def test_writing_and_reading_need_no_diffusers(tmp_path: Path) -> None:
+    done = run_script("-c", _WITHOUT_DIFFUSERS, str(tmp_path / "vae"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
