@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import reference_weights
 from tests.training.conftest import tiny_run
+from tests.videos import encode_video, write_energon_dataset
 from tokenizer_posttrain.__main__ import main
+from tokenizer_posttrain.io.checkpoint import load_tokenizer
 from tokenizer_posttrain.training.train import train
 
 
@@ -33,3 +36,62 @@ def test_export_command_writes_files_and_model_card(tmp_path: Path, capsys: pyte
     assert main(["export", "--checkpoint", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "x")]) == 1
     err = capsys.readouterr().err
     assert "does not exist" in err and err.count("\n") == 1, err
+
+
+@pytest.fixture(scope="module")
+def chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two 121-frame videos: one chunk each, as Cosmos world models (and diffusers' pipelines) encode them."""
+    videos = {f"v{i}": encode_video(121, 32, 32, seed=i) for i in range(2)}
+    return write_energon_dataset(tmp_path_factory.mktemp("chunks"), videos)
+
+
+def test_export_writes_the_diffusers_folder_beside_or_instead_of_the_cosmos_files(
+    chunks: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tests.io.test_diffusers_format import load_in_diffusers
+
+    ckpt = str(reference_weights("CV8x8x8"))
+    stats = ["--latent-stats", str(chunks), "--stats-size", "32", "--stats-clips", "2"]
+    both, alone = tmp_path / "both", tmp_path / "alone"
+    assert main(["export", "--checkpoint", ckpt, "--out", str(both), "--format", "cosmos,diffusers", *stats]) == 0
+    assert "vae/config.json (AutoencoderKLCosmos" in capsys.readouterr().out
+    assert {p.name for p in (both / "vae").iterdir()} == {"config.json", "diffusion_pytorch_model.safetensors"}
+    assert (both / "autoencoder.jit").is_file() and "`vae/` holds them" in (both / "README.md").read_text()
+    # The pipelines' statistics are those of mean_std.pt, flattened channel by channel.
+    mean, std = torch.load(both / "mean_std.pt", weights_only=True)
+    config = json.loads((both / "vae" / "config.json").read_text())
+    assert config["latents_mean"] == mean.flatten().tolist() and config["latents_std"] == std.flatten().tolist()
+    assert mean.shape == (16, 16)  # 121 frames: the whole chunk a pipeline normalizes
+    vae = load_in_diffusers(both / "vae")
+    x = torch.rand(1, 3, 9, 32, 32) * 2 - 1
+    with torch.no_grad():
+        torch.testing.assert_close(vae(x).sample, load_tokenizer(ckpt).eval()(x), rtol=1e-4, atol=1e-4)
+
+    assert main(["export", "--checkpoint", ckpt, "--out", str(alone), "--format", "diffusers", *stats]) == 0
+    assert {p.name for p in alone.iterdir()} == {"config.json", "diffusion_pytorch_model.safetensors", "README.md"}
+    assert json.loads((alone / "config.json").read_text()) == config
+    assert "Exported by tokenizer-posttrain as a diffusers `AutoencoderKLCosmos`" in (alone / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("model", "flags", "refused"),
+    [
+        ("DV8x16x16", ["--latent-stats", "DATA"], "for DV8x16x16 (channels=16): a discrete (FSQ) tokenizer"),
+        ("CV8x8x8", [], "--format diffusers needs --latent-stats DATA"),
+    ],
+)
+def test_export_refuses_a_diffusers_folder_it_cannot_write_in_one_line_before_writing(
+    model: str, flags: list[str], refused: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "out"
+    args = ["export", "--checkpoint", str(reference_weights(model)), "--out", str(out), "--format", "diffusers"]
+    assert main([*args, *flags]) == 1
+    err = capsys.readouterr().err
+    assert refused in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_an_unknown_format_is_a_command_line_error(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["export", "--checkpoint", "x", "--out", "y", "--format", "cosmos,onnx"])
+    assert done.value.code == 2 and "unknown format 'onnx'" in capsys.readouterr().err

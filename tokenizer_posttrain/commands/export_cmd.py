@@ -1,4 +1,4 @@
-"""``export``: a training checkpoint -> the official file set plus a model card."""
+"""``export``: a training checkpoint -> the official file set and/or a diffusers folder, plus a model card."""
 
 from __future__ import annotations
 
@@ -9,12 +9,32 @@ from pathlib import Path
 import torch
 
 from ..core.errors import CommandError
+from ..evaluation.latent_stats import LatentStats
 from ..evaluation.report import card_sections, verdict
-from ..io.checkpoint import load_tokenizer
-from ..io.export import export_tokenizer
+from ..io.checkpoint import JIT_AUTOENCODER, load_tokenizer
+from ..io.diffusers_format import (
+    DIFFUSERS_CLASS,
+    DIFFUSERS_WEIGHTS,
+    PIPELINE_SUBFOLDER,
+    diffusers_class,
+    diffusers_config,
+    write_diffusers,
+)
+from ..io.export import export_tokenizer, refuse_non_finite
 from ..io.model_card import checkpoint_card
 from ..network.tokenizer import CausalVideoTokenizer
 from .guard import run_guarded
+
+FORMATS = ("cosmos", "diffusers")
+
+
+def parse_formats(value: str) -> tuple[str, ...]:
+    """``--format``: ``cosmos``, ``diffusers`` or both, comma-separated (in any order)."""
+    formats = tuple(dict.fromkeys(f.strip() for f in value.split(",")))
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown format {unknown[0]!r} in {value!r}: use cosmos, diffusers or both")
+    return tuple(f for f in FORMATS if f in formats)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,18 +42,48 @@ def run(args: argparse.Namespace) -> int:
     return run_guarded(lambda: _export(args))
 
 
-def _export(args: argparse.Namespace) -> int:
-    checkpoint = Path(args.checkpoint)
-    network = load_tokenizer(checkpoint, ema=args.ema)
-    if args.latent_stats and network.is_discrete:  # before anything is written
+def _check(network: CausalVideoTokenizer, args: argparse.Namespace, out: Path) -> None:
+    """Every refusal, before anything is written (or the latent statistics are computed)."""
+    refuse_non_finite(network, out)
+    if "diffusers" in args.format:
+        diffusers_config(network.config)  # ExportError: DV, or another network diffusers cannot build
+        if not args.latent_stats:
+            raise CommandError(
+                "--format diffusers needs --latent-stats DATA: diffusers' Cosmos pipelines normalize latents with "
+                "the latents_mean/latents_std of the vae's config.json, which come from the latent statistics"
+            )
+        if "cosmos" not in args.format and (out / JIT_AUTOENCODER).is_file():
+            raise CommandError(
+                f"{out} holds a Cosmos export, whose config.json --format diffusers would replace: use --format "
+                f"cosmos,diffusers (the diffusers folder goes to {out / PIPELINE_SUBFOLDER}) or another --out"
+            )
+    elif diffusers_class(out):
+        raise CommandError(f"{out} holds a diffusers folder, whose config.json --format cosmos would replace")
+    if args.latent_stats and network.is_discrete:
         raise CommandError(
             f"--latent-stats: {network.config.name} is a discrete tokenizer; world models read its token indices, "
             "which have no latent statistics (leave out --latent-stats)"
         )
     if args.stats_clips < 1 or args.stats_batch_size < 1 or (args.stats_workers or 0) < 0:
         raise CommandError("--stats-clips and --stats-batch-size must be positive, --stats-workers at least 0")
+
+
+def _export(args: argparse.Namespace) -> int:
+    checkpoint, out = Path(args.checkpoint), Path(args.out)
+    network = load_tokenizer(checkpoint, ema=args.ema)
+    _check(network, args, out)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    out = export_tokenizer(network, args.out, dtype=dtype)
+    stats = _latent_stats(network, args) if args.latent_stats else None
+    files: list[str] = []
+    if "cosmos" in args.format:
+        export_tokenizer(network, out, dtype=dtype)
+        files += ["encoder.jit", "decoder.jit", "autoencoder.jit", "model.safetensors", "config.json"]
+        files += [p.name for p in stats.write(out)] if stats else []
+    if "diffusers" in args.format:
+        folder = out / PIPELINE_SUBFOLDER if "cosmos" in args.format else out
+        write_diffusers(network, folder, stats, dtype=dtype)
+        prefix = f"{PIPELINE_SUBFOLDER}/" if folder != out else ""
+        files += [f"{prefix}config.json ({DIFFUSERS_CLASS}, latents_mean/latents_std)", f"{prefix}{DIFFUSERS_WEIGHTS}"]
     results_path = Path(args.results) if args.results else checkpoint.parent.parent / "eval" / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else None
     judged = verdict(results) if results else None
@@ -43,21 +93,19 @@ def _export(args: argparse.Namespace) -> int:
         results,
         args.ema,
         verdict=judged.line if judged else None,
+        formats=args.format,
         sections=card_sections(results) if results else None,
     )
     (out / "README.md").write_text(card)
-    files = "encoder.jit, decoder.jit, autoencoder.jit, model.safetensors, config.json, README.md"
-    if args.latent_stats:
-        files += ", " + ", ".join(p.name for p in _write_latent_stats(network, out, args))
-    print(f"exported {network.config.full_name} to {out} ({files})")
+    print(f"exported {network.config.full_name} to {out} ({', '.join([*files, 'README.md'])})")
     return 0
 
 
-def _write_latent_stats(network: CausalVideoTokenizer, out: Path, args: argparse.Namespace) -> list[Path]:
+def _latent_stats(network: CausalVideoTokenizer, args: argparse.Namespace) -> LatentStats:
     from ..evaluation.latent_stats import dataset_latent_stats, default_stats_workers
     from ..training.acceleration import fast_encoder
 
-    stats = dataset_latent_stats(
+    return dataset_latent_stats(
         network,
         args.latent_stats,
         args.stats_clips,
@@ -69,21 +117,32 @@ def _write_latent_stats(network: CausalVideoTokenizer, out: Path, args: argparse
         accelerate=fast_encoder,
         seed=args.stats_seed,
     )
-    return stats.write(out)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "export", help="write encoder.jit/decoder.jit/autoencoder.jit and a model card", description=__doc__
+        "export",
+        help="write encoder.jit/decoder.jit/autoencoder.jit and/or a diffusers folder, and a model card",
+        description=__doc__,
     )
     parser.add_argument("--checkpoint", required=True, help="RUN/checkpoints/last.ckpt, or any loadable checkpoint")
     parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument(
+        "--format",
+        type=parse_formats,
+        default=("cosmos",),
+        metavar="cosmos|diffusers|cosmos,diffusers",
+        help="cosmos (default): encoder.jit, decoder.jit, autoencoder.jit, model.safetensors, config.json in OUT; "
+        "diffusers: an AutoencoderKLCosmos folder in OUT (config.json with latents_mean/latents_std, "
+        "diffusion_pytorch_model.safetensors) that diffusers' from_pretrained loads and Cosmos pipelines take as "
+        "their vae: CV only, needs --latent-stats; cosmos,diffusers: both, the diffusers folder in OUT/vae/",
+    )
     parser.add_argument("--ema", action="store_true", help="export the EMA weights (runs with model.ema_decay)")
     parser.add_argument(
         "--dtype",
         choices=("fp32", "bf16"),
         default="fp32",
-        help="weights of the .jit files (the official release is bf16)",
+        help="weights of the .jit files and the diffusers folder (the official release is bf16)",
     )
     parser.add_argument(
         "--results",
@@ -92,7 +151,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--latent-stats",
         metavar="DATA",
-        help="energon dataset to compute the latent statistics (mean_std.pt, image_mean_std.pt) from; CV only",
+        help="energon dataset to compute the latent statistics (mean_std.pt, image_mean_std.pt; with --format "
+        "diffusers latents_mean/latents_std) from; CV only",
     )
     parser.add_argument(
         "--stats-clips", type=int, default=200, help="clips encoded for the latent statistics (passes repeat)"

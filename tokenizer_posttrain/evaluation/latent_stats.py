@@ -8,6 +8,7 @@ per-channel ``(mean, std)`` ``[C]`` of single-frame latents, for the image path 
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import shutil
@@ -144,7 +145,8 @@ def latent_statistics(
             f"{network.config.name} is a discrete tokenizer: world models read its token indices, which have no "
             "latent statistics (none are written)"
         )
-    net = network.to(device, dtype).eval()
+    # A copy: a cast of the caller's network to bf16 would round the weights it goes on to export.
+    net = copy.deepcopy(network).to(device, dtype).eval()
     encode = accelerate(net) if accelerate is not None else net.encode
     video, image = Moments(), Moments()
     seen, batch = 0, []

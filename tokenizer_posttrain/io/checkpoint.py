@@ -54,14 +54,24 @@ def _read_jit(path: Path) -> dict[str, Tensor]:
     return {_normalize_key(k): v for k, v in module.state_dict().items()}
 
 
-def _read_safetensors(path: Path) -> _Weights:
+def load_safetensors(path: Path) -> dict[str, Tensor]:
+    """The tensors of a safetensors file (nothing in it runs); :class:`CheckpointError` naming it when it is
+    truncated or corrupt."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
-        state = load_file(str(path))
+        return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:
         raise CheckpointError(f"cannot read {path}: {err}. The file looks truncated or corrupt.") from err
+
+
+def _read_safetensors(path: Path) -> _Weights:
+    from .diffusers_format import DIFFUSERS_WEIGHTS, diffusers_class, read_diffusers  # it builds on this module
+
+    if path.name == DIFFUSERS_WEIGHTS and diffusers_class(path.parent):
+        return read_diffusers(path.parent)
+    state = load_safetensors(path)
     config = None
     meta = path.with_name(CONFIG_JSON)
     if meta.is_file():
@@ -169,11 +179,16 @@ def _config_from_dict(data: dict[str, Any] | None, where: Path) -> TokenizerConf
 
 
 def read_weights(path: str | Path, ema: bool = False) -> _Weights:
-    """Read tokenizer weights, normalised to autoencoder-layout keys, from a file or folder.
+    """Read tokenizer weights, normalised to autoencoder-layout keys, from a file or folder (a diffusers
+    ``AutoencoderKLCosmos`` folder too, with the config its ``config.json`` describes).
 
     ``ema`` picks the EMA average of a Lightning checkpoint (an error for other sources)."""
     path = Path(path).expanduser()
     if path.is_dir():
+        from .diffusers_format import diffusers_class, read_diffusers  # it builds on this module
+
+        if diffusers_class(path):  # our own exports' config.json has no _class_name
+            return read_diffusers(path)
         found = {n for n in (JIT_AUTOENCODER, JIT_ENCODER, JIT_DECODER, SAFETENSORS) if (path / n).is_file()}
         if JIT_AUTOENCODER in found:
             return _Weights(_read_jit(path / JIT_AUTOENCODER), str(path / JIT_AUTOENCODER))
@@ -363,7 +378,8 @@ def load_tokenizer(
     """Build a tokenizer and load its weights strictly from ``path``.
 
     ``path`` is a Hugging Face style folder (``autoencoder.jit``, or ``encoder.jit`` +
-    ``decoder.jit``, or our ``model.safetensors`` + ``config.json``), or a ``.jit``,
+    ``decoder.jit``, or our ``model.safetensors`` + ``config.json``), a diffusers ``AutoencoderKLCosmos``
+    folder (``config.json`` + ``diffusion_pytorch_model.safetensors``), or a ``.jit``,
     ``.safetensors`` or Lightning ``.ckpt`` file. With ``name=None`` the model is inferred
     from the checkpoint. Weights are fp32 whatever the file's dtype (fp32 master weights).
     ``ema=True`` loads the EMA average kept by a run trained with ``model.ema_decay``.

@@ -37,6 +37,28 @@ def _trace(module: nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
         return torch.jit.trace(module, example, check_trace=False)
 
 
+def refuse_non_finite(network: CausalVideoTokenizer, out_dir: str | Path) -> None:
+    """:class:`ExportError` (naming ``out_dir`` and the first such tensor) when ``network`` has NaN or Inf weights."""
+    state = network.state_dict()
+    broken = [name for name, value in state.items() if value.is_floating_point() and not value.isfinite().all()]
+    if broken:
+        raise ExportError(
+            f"not exporting to {out_dir}: {len(broken)} of {len(state)} weight tensors hold NaN or Inf "
+            f"(first: {broken[0]}); the training diverged: export an earlier checkpoint "
+            "(RUN/checkpoints/step=N.ckpt) and lower optim.lr"
+        )
+
+
+def prepared_copy(network: CausalVideoTokenizer, out_dir: str | Path, dtype: torch.dtype) -> CausalVideoTokenizer:
+    """What every export format writes: a copy of ``network`` on the CPU in eval mode, cast to ``dtype``, LoRA
+    adapters merged; ``network`` itself is left as it was. Non-finite weights are refused (:func:`refuse_non_finite`)
+    before anything is written."""
+    refuse_non_finite(network, out_dir)
+    net = copy.deepcopy(network).to("cpu", dtype).eval()
+    merge_lora(net)  # adapters fold into the weights: the files need nothing extra
+    return net
+
+
 def export_tokenizer(
     network: CausalVideoTokenizer,
     out_dir: str | Path,
@@ -49,18 +71,9 @@ def export_tokenizer(
     official files are bf16; fp32, the default, keeps every bit of the trained weights). A network with NaN
     or Inf weights is refused (:class:`ExportError`) and nothing is written.
     """
-    state = network.state_dict()
-    broken = [name for name, value in state.items() if value.is_floating_point() and not value.isfinite().all()]
-    if broken:
-        raise ExportError(
-            f"not exporting to {out_dir}: {len(broken)} of {len(state)} weight tensors hold NaN or Inf "
-            f"(first: {broken[0]}); the training diverged: export an earlier checkpoint "
-            "(RUN/checkpoints/step=N.ckpt) and lower optim.lr"
-        )
+    net = prepared_copy(network, out_dir, dtype)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    net = copy.deepcopy(network).to("cpu", dtype).eval()
-    merge_lora(net)  # adapters fold into the weights: the files need nothing extra
     cfg = net.config
     frames = 1 + cfg.temporal_compression
     size = 2 * cfg.spatial_compression
