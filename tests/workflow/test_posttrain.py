@@ -13,6 +13,7 @@ import torch
 
 from tests.conftest import reference_weights, run_script
 from tests.videos import bigbuckbunny, encode_video, write_energon_dataset
+from tokenizer_posttrain.core.errors import UserError
 from tokenizer_posttrain.evaluation.latent_stats import MEAN_STD, dataset_latent_stats, read_latent_stats
 from tokenizer_posttrain.io.checkpoint import load_tokenizer
 from tokenizer_posttrain.io.export import export_tokenizer
@@ -26,8 +27,8 @@ def posttrain(
     base: Path, videos: Path, out: Path, *flags: str, env: dict[str, str] | None = None, **options: object
 ) -> subprocess.CompletedProcess:
     """``python -m tokenizer_posttrain posttrain`` on the CPU in ``out``'s parent; ``options`` become
-    ``--kebab-case value`` arguments, ``flags`` are passed as they are."""
-    args = [f for key, value in options.items() for f in (f"--{key.replace('_', '-')}", str(value))]
+    ``--kebab-case value`` arguments (a value with spaces: several), ``flags`` are passed as they are."""
+    args = [f for key, value in options.items() for f in (f"--{key.replace('_', '-')}", *str(value).split())]
     command = ["posttrain", "--base", str(base), "--videos", str(videos), "--out", str(out), "--accelerator", "cpu"]
     return cli(*command, *args, *flags, cwd=out.parent, env=env)
 
@@ -72,6 +73,7 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
         val_fraction=0.5,
         eval_clips=4,
         stats_clips=2,
+        formats="cosmos diffusers",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -95,6 +97,11 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
     mean, std = torch.load(export / MEAN_STD, weights_only=True)
     assert mean.view(16, -1)[:, :16].shape == std.shape == (16, 16) and bool((std > 0).all())
     assert (export / "image_mean_std.pt").is_file() and "Latent statistics" not in card
+    # --formats cosmos diffusers: a diffusers vae folder beside the .jit files, normalizing with those statistics.
+    vae = json.loads((export / "vae" / "config.json").read_text())
+    assert vae["_class_name"] == "AutoencoderKLCosmos"
+    assert (export / "vae" / "diffusion_pytorch_model.safetensors").is_file()
+    assert vae["latents_mean"] == pytest.approx(mean.flatten().tolist()) and len(vae["latents_std"]) == 256
 
 
 def test_a_post_trained_tokenizer_worse_than_its_base_says_so_and_exits_3(
@@ -184,6 +191,18 @@ def test_a_non_finite_learning_rate_stops_before_any_work(tmp_path: Path, base_a
     result = posttrain(base, videos, tmp_path / "run", lr="inf")
     assert result.returncode == 1 and "invalid optim.lr=inf" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()  # no shards, no baseline evaluation
+
+
+def test_a_diffusers_export_of_a_discrete_tokenizer_is_refused_before_any_work(tmp_path: Path) -> None:
+    from tokenizer_posttrain.core.errors import ExportError
+    from tokenizer_posttrain.workflow.posttrain import posttrain as run_posttrain
+
+    base = str(reference_weights("DV8x16x16"))
+    with pytest.raises(ExportError, match="no diffusers format for DV8x16x16"):
+        run_posttrain(base, str(tmp_path / "videos"), str(tmp_path / "run"), formats=["cosmos", "diffusers"])
+    with pytest.raises(UserError, match="unknown format 'onnx'; use cosmos, diffusers or both"):
+        run_posttrain(base, str(tmp_path / "videos"), str(tmp_path / "run"), formats=["onnx"])
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_model_name_of_another_width_says_to_leave_out_model(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from ..evaluation.latent_stats import (
 )
 from ..evaluation.report import Verdict, card_sections
 from ..io.checkpoint import MODEL_FLAG, load_tokenizer, read_weights, resolve_config
+from ..io.diffusers_format import PIPELINE_SUBFOLDER, diffusers_config, write_diffusers
 from ..io.model_card import checkpoint_card
 from ..losses.perceptual import find_vgg16_weights
 from ..network.registry import TokenizerConfig
@@ -166,6 +167,7 @@ def posttrain(
     max_latent_drift: float = 0.05,
     allow_worse: bool = False,
     stats_clips: int = 200,
+    formats: Optional[list[str]] = None,
 ) -> dict:
     """Post-train ``base`` on ``videos``: shards, baseline evaluation, training, evaluation, export with a model
     card. Returns the summary (also written to ``out/summary.json``).
@@ -204,14 +206,23 @@ def posttrain(
         stats_clips: training clips encoded for the latent statistics of a continuous tokenizer (mean_std.pt and
             image_mean_std.pt in the export; 121-frame clips where the videos are long enough). When only the
             decoder trained and the base folder has them, the base's files are copied instead
+        formats: export formats: cosmos (the .jit files, model.safetensors and the statistics: always written,
+            the evaluation reads them) and diffusers (adds an AutoencoderKLCosmos folder, export/vae/, with
+            latents_mean/latents_std from the statistics; CV only)
     """
     from ..evaluation.evaluate import evaluate
 
     for rate in (lr, *(sweep_lrs or [])):  # before any work: a bad rate would fail only at the training step
         OptimConfig(lr=rate)
+    formats = formats or ["cosmos"]
+    unknown = sorted(set(formats) - {"cosmos", "diffusers"})
+    if unknown:
+        raise UserError(f"--formats {' '.join(formats)}: unknown format {unknown[0]!r}; use cosmos, diffusers or both")
+    config = resolve_config(read_weights(base), model, {}, MODEL_FLAG)
+    if "diffusers" in formats:
+        diffusers_config(config)  # DV or another network diffusers cannot build: refused before any work
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = resolve_config(read_weights(base), model, {}, MODEL_FLAG)
     data_path = prepare_data(Path(videos), run_dir, val_fraction)
     clip = {"frames": frames, "size": size, "resize_short_side": resize_short_side}
     perceptual = perceptual_weight_or_default(perceptual_weight)
@@ -251,6 +262,9 @@ def posttrain(
     stats_files = write_latent_stats(
         config, chosen["trainable"], base, data_path, export_dir, stats_clips, clip, num_workers
     )
+    if "diffusers" in formats:
+        write_diffusers(load_tokenizer(export_dir), export_dir / PIPELINE_SUBFOLDER, read_latent_stats(export_dir))
+        print(f"diffusers folder: {export_dir / PIPELINE_SUBFOLDER}", flush=True)
     print("[3/4] evaluation against the baseline", flush=True)
     after = evaluate(
         str(export_dir), str(data_path), str(run_dir / "eval"), baseline=base, max_clips=eval_clips, **clip
@@ -266,6 +280,7 @@ def posttrain(
             ema=False,
             global_step=steps,
             verdict=judged.line,
+            formats=("cosmos", "diffusers") if "diffusers" in formats else ("cosmos",),
             sections=card_sections(after),
         )
     )
