@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import CommandError
-from ..evaluation.latent_stats import LatentStats
+from ..evaluation.latent_stats import STATS_CLIPS, LatentStats
 from ..evaluation.report import card_sections, verdict
 from ..io.checkpoint import JIT_AUTOENCODER, load_tokenizer
 from ..io.diffusers_format import (
@@ -155,7 +155,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "diffusers latents_mean/latents_std) from; CV only",
     )
     parser.add_argument(
-        "--stats-clips", type=int, default=200, help="clips encoded for the latent statistics (passes repeat)"
+        "--stats-clips", type=int, default=STATS_CLIPS, help="clips encoded for the latent statistics (passes repeat)"
     )
     parser.add_argument(
         "--stats-seed", type=int, default=0, help="seed of the clips' random starts and crops (passes repeat)"

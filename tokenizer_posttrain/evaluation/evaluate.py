@@ -46,16 +46,20 @@ def open_clips(
     prefer: str = "val",
     workers: int = 0,
     seed: int | None = None,
+    float32: bool = True,
 ) -> tuple[str, Iterator[tuple[str, Tensor]]]:
     """(which split, iterator of ``(key, clip [3, T, H, W] fp32 in [-1, 1])``) of an energon dataset.
 
     The ``prefer`` split (``val``: held-out clips; ``train``: the training data), else the other one, through the
     trainer's own validation loader: middle frames, centre crop, one ordered, non-repeating pass. Videos the
     loader skips (too short, too small, unreadable) are named in ``skipped``. ``workers`` > 0 decodes in that many
-    processes (each reads its own shards, so clips arrive interleaved, not in dataset order). With ``seed``, each
-    clip starts at a random frame and is cropped at a random place instead, drawn from that seed.
+    processes (each reads its own shards, so clips arrive interleaved, not in dataset order). With ``seed``, one
+    shuffled pass instead (shards and samples in random order, as the train loader reads them), each clip from a
+    random start and crop, all drawn from that seed: the first N clips are then a random sample of the split, not
+    its first videos. ``float32=False`` yields the loader's bf16 clips (converting is then the caller's: on a GPU,
+    after the copy).
     """
-    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+    from megatron.energon import WorkerConfig, get_loader, get_train_dataset, get_val_dataset
 
     from ..data.batch import KEYS, SKIPPED, VIDEO
     from ..data.layout import dataset_splits
@@ -71,16 +75,28 @@ def open_clips(
     if not {"val", "train"} & splits:
         raise EvaluationError(f"{path} is an energon dataset without a train or val split (see .nv-meta/split.yaml)")
     split = prefer if prefer in splits else ({"val", "train"} - {prefer}).pop()
-    # The trainer's validation reader (middle frames, centre crop, one ordered pass, in this process); for the train
-    # split too, where the train reader would loop and shuffle.
     encoder = VideoClipTaskEncoder(
         ClipSpec(frames, height, width, resize_short_side=resize_short_side, random_crop=seed is not None)
     )
     worker = WorkerConfig.default_worker_config(num_workers=workers)
     worker.seed_offset = seed or 0
-    loader = get_loader(
-        get_val_dataset(path, split_part=split, worker_config=worker, batch_size=1, task_encoder=encoder)
-    )
+    if seed is None:
+        # The trainer's validation reader (middle frames, centre crop, one ordered pass); for the train split too.
+        dataset = get_val_dataset(path, split_part=split, worker_config=worker, batch_size=1, task_encoder=encoder)
+    else:
+        # The train reader's shuffling, for one pass only (repeat=False): a split whose every video is skipped
+        # ends the pass instead of looping forever.
+        dataset = get_train_dataset(
+            path,
+            split_part=split,
+            worker_config=worker,
+            batch_size=1,
+            shuffle_buffer_size=100,
+            max_samples_per_sequence=10,
+            task_encoder=encoder,
+            repeat=False,
+        )
+    loader = get_loader(dataset)
     source = f"energon {split} split" + ("" if split == prefer else f" (the dataset has no {prefer} split)")
 
     def clips() -> Iterator[tuple[str, Tensor]]:
@@ -91,7 +107,7 @@ def open_clips(
         for batch in batches:
             skipped.extend(batch.get(SKIPPED, []))
             for key, video in zip(batch[KEYS], batch[VIDEO], strict=True):
-                yield key, video.float()  # bf16 from the loader; exact in fp32
+                yield key, video.float() if float32 else video  # bf16 from the loader; exact in fp32
         # Skips travel with the next batch; those after the last one are still waiting in the encoder.
         skipped.extend(encoder.take_skipped())
 

@@ -32,6 +32,9 @@ commands: this layer sits below it)."""
 
 MEAN_STD = "mean_std.pt"
 IMAGE_MEAN_STD = "image_mean_std.pt"
+STATS_CLIPS = 400
+"""Default clips for the statistics: two seeds then agree to 1% (median over channels and latent positions of the
+mean and std differences, in units of the std; docs/benchmarks.md)."""
 CHUNK_FRAMES = 121
 """Frames of the chunk the Cosmos world models encode at once; the statistics cover its latent frames."""
 
@@ -153,14 +156,15 @@ def latent_statistics(
     bar = tqdm(total=max_clips, desc="latent statistics", unit="clip", disable=not progress, dynamic_ncols=True)
 
     def flush() -> None:
-        x = torch.stack(batch).to(device, dtype)
+        x = torch.stack(batch).to(dtype)
         video.add(encode(x), reduce=(0, 3, 4))  # [B, C, T, h, w] -> per (C, T)
         image.add(encode(x[:, :, :1]), reduce=(0, 2, 3, 4))  # single frames -> per C
         batch.clear()
 
     with bar:
         for clip in clips:
-            batch.append(clip)
+            # Each clip to the device as it comes (in the loader's dtype): the host does no stacking or casting.
+            batch.append(clip.to(device, non_blocking=True))
             seen += 1
             if len(batch) == batch_size:
                 flush()
@@ -226,6 +230,7 @@ def dataset_latent_stats(
                 prefer="train",
                 workers=workers,
                 seed=seed * _PASSES + n,
+                float32=False,
             )
             found = 0
             for _, clip in stream:

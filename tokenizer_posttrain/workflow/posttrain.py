@@ -19,6 +19,7 @@ from ..core.errors import DataError, UserError, WorseThanBaseError
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.layout import dataset_splits
 from ..evaluation.latent_stats import (
+    STATS_CLIPS,
     copy_latent_stats,
     dataset_latent_stats,
     read_latent_stats,
@@ -166,7 +167,7 @@ def posttrain(
     sweep_lrs: Optional[list[float]] = None,
     max_latent_drift: float = 0.05,
     allow_worse: bool = False,
-    stats_clips: int = 200,
+    stats_clips: int = STATS_CLIPS,
     formats: Optional[list[str]] = None,
 ) -> dict:
     """Post-train ``base`` on ``videos``: shards, baseline evaluation, training, evaluation, export with a model
