@@ -24,6 +24,7 @@ from tqdm import tqdm
 from ..core.errors import CheckpointError, EvaluationError
 from ..core.files import atomic_path
 from ..core.untrusted import load_torch_file
+from ..io.export import CHUNK_FRAMES
 from ..network.tokenizer import CausalVideoTokenizer
 
 Accelerate = Callable[[CausalVideoTokenizer], Callable[[Tensor], Tensor]]
@@ -35,8 +36,6 @@ IMAGE_MEAN_STD = "image_mean_std.pt"
 STATS_CLIPS = 400
 """Default clips for the statistics: two seeds then agree to 1% (median over channels and latent positions of the
 mean and std differences, in units of the std; docs/benchmarks.md)."""
-CHUNK_FRAMES = 121
-"""Frames of the chunk the Cosmos world models encode at once; the statistics cover its latent frames."""
 
 
 class Moments:

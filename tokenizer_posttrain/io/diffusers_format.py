@@ -27,7 +27,7 @@ from ..network import CausalVideoTokenizer
 from ..network.haar import Patcher3D, UnPatcher3D
 from ..network.registry import REGISTRY, TokenizerConfig
 from .checkpoint import CONFIG_JSON, _describe, _Weights, diff_layout, expected_shapes, load_safetensors
-from .export import _atomic_write, prepared_copy
+from .export import CHUNK_FRAMES, _atomic_write, prepared_copy
 
 DIFFUSERS_CLASS = "AutoencoderKLCosmos"
 DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -35,8 +35,6 @@ DIFFUSERS_VERSION = "0.34.0"
 """The first diffusers release with ``AutoencoderKLCosmos`` (its config fields are unchanged up to 0.42.1)."""
 PIPELINE_SUBFOLDER = "vae"
 """Where a diffusers pipeline folder (and NVIDIA's tokenizer repositories on the Hub) keep the diffusers VAE."""
-PIPELINE_FRAMES = 121
-"""The clip length diffusers' Cosmos pipelines generate by default (and the chunk Cosmos world models encode)."""
 
 _RESOLUTION = 1024
 """diffusers' nominal input size; like ``attention_resolutions`` it only decides where attention blocks go."""
@@ -276,11 +274,11 @@ def _latents(stats: LatentMoments | None, config: TokenizerConfig, out: Path) ->
     if not (mean.isfinite().all() and std.isfinite().all() and (std > 0).all()):
         raise ExportError(f"latent statistics for {out} hold NaN, Inf or a std <= 0: compute them again")
     frames = 1 + (mean.shape[1] - 1) * config.temporal_compression
-    if frames < PIPELINE_FRAMES:
+    if frames < CHUNK_FRAMES:
         warnings.warn(
             f"{out / CONFIG_JSON}: the latent statistics cover {mean.shape[1]} latent frames (videos of up to {frames} "
-            f"frames); diffusers' Cosmos pipelines generate {PIPELINE_FRAMES} frames by default and fail on longer "
-            f"videos than the statistics cover: compute them over {PIPELINE_FRAMES}-frame clips",
+            f"frames); diffusers' Cosmos pipelines generate {CHUNK_FRAMES} frames by default and fail on longer "
+            f"videos than the statistics cover: compute them over {CHUNK_FRAMES}-frame clips",
             UserWarning,
             stacklevel=3,
         )

@@ -24,6 +24,10 @@ from ..network import AutoencoderLayout, CausalVideoTokenizer, DecoderLayout, En
 from ..network.lora import merge_lora
 from .checkpoint import CONFIG_JSON, CONFIG_KEY, JIT_AUTOENCODER, JIT_DECODER, JIT_ENCODER, SAFETENSORS
 
+CHUNK_FRAMES = 121
+"""Frames of the chunk Cosmos world models (and diffusers' Cosmos pipelines, by default) encode at once; latent
+statistics cover its latent frames."""
+
 
 def _atomic_write(path: Path, write: Callable[[str], object]) -> None:
     # A kill during export must never leave a half-written file under the final name.
