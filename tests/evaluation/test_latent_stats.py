@@ -184,3 +184,28 @@ def test_a_discrete_tokenizer_has_no_latent_statistics_and_nothing_is_written(
     err = capsys.readouterr().err
     assert "discrete tokenizer" in err and "no latent statistics" in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_a_decoder_only_run_and_its_export_carry_the_base_statistics(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tests.training.conftest import tiny_run
+    from tokenizer_posttrain.io.export import export_tokenizer
+    from tokenizer_posttrain.training.train import train
+
+    base = export_tokenizer(load_tokenizer(reference_weights("CV8x8x8")), tmp_path / "base")
+    torch.save((torch.randn(16, 16), torch.rand(16, 16) + 0.5), base / "mean_std.pt")
+    torch.save((torch.randn(16), torch.rand(16) + 0.5), base / "image_mean_std.pt")
+    model = {"jit_ckpt_pth": str(base), "trainable": "decoder"}
+    run = train(**tiny_run(tmp_path, steps=1, model=model, log={"export_on_end": True}))
+    # The encoder did not train: the run's own export and an export of its checkpoint keep the base's files.
+    out = tmp_path / "exported"
+    assert main(["export", "--checkpoint", str(run / "checkpoints" / "last.ckpt"), "--out", str(out)]) == 0
+    assert "mean_std.pt, image_mean_std.pt" in capsys.readouterr().out
+    for folder in (run / "export", out):
+        for name in ("mean_std.pt", "image_mean_std.pt"):
+            assert (folder / name).read_bytes() == (base / name).read_bytes()
+    # The whole network trained: the latents moved, and nothing is carried.
+    whole = {"jit_ckpt_pth": str(base)}
+    run = train(**tiny_run(tmp_path, steps=1, name="all", model=whole, log={"export_on_end": True}))
+    assert not (run / "export" / "mean_std.pt").exists()

@@ -11,7 +11,7 @@ import torch
 from ..core.errors import CommandError
 from ..evaluation.latent_stats import STATS_CLIPS, LatentStats
 from ..evaluation.report import card_sections, verdict
-from ..io.checkpoint import JIT_AUTOENCODER, load_tokenizer
+from ..io.checkpoint import JIT_AUTOENCODER, load_tokenizer, read_checkpoint
 from ..io.diffusers_format import (
     DIFFUSERS_CLASS,
     DIFFUSERS_WEIGHTS,
@@ -78,7 +78,10 @@ def _export(args: argparse.Namespace) -> int:
     if "cosmos" in args.format:
         export_tokenizer(network, out, dtype=dtype)
         files += ["encoder.jit", "decoder.jit", "autoencoder.jit", "model.safetensors", "config.json"]
-        files += [p.name for p in stats.write(out)] if stats else []
+        if stats is not None:
+            files += [p.name for p in stats.write(out)]
+        elif not network.is_discrete:
+            files += [p.name for p in _carried_stats(checkpoint, out)]
     if "diffusers" in args.format:
         folder = out / PIPELINE_SUBFOLDER if "cosmos" in args.format else out
         write_diffusers(network, folder, stats, dtype=dtype)
@@ -99,6 +102,16 @@ def _export(args: argparse.Namespace) -> int:
     (out / "README.md").write_text(card)
     print(f"exported {network.config.full_name} to {out} ({', '.join([*files, 'README.md'])})")
     return 0
+
+
+def _carried_stats(checkpoint: Path, out: Path) -> list[Path]:
+    """The base's statistics, copied when the checkpoint's run trained only the decoder (latents unchanged)."""
+    from ..evaluation.latent_stats import carry_base_stats
+
+    if checkpoint.suffix != ".ckpt":
+        return []
+    model = (read_checkpoint(checkpoint, mmap=True).get("hyper_parameters") or {}).get("model") or {}
+    return carry_base_stats(model.get("trainable", "all"), model.get("jit_ckpt_pth"), out)
 
 
 def _latent_stats(network: CausalVideoTokenizer, args: argparse.Namespace) -> LatentStats:

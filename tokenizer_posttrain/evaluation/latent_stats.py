@@ -318,6 +318,15 @@ def copy_latent_stats(source: str | Path, out: str | Path) -> list[Path]:
     return copied
 
 
+def carry_base_stats(trainable: str, base: str | Path | None, out: str | Path) -> list[Path]:
+    """Copy the base's statistics into the export ``out`` when only the decoder trained (``trainable``
+    ``decoder``: the latent space did not move) and the base's folder has them; returns the copies (none
+    otherwise)."""
+    if trainable != "decoder" or not base or read_latent_stats(base) is None:
+        return []
+    return copy_latent_stats(stats_folder(base), out)
+
+
 def stats_shift(new: LatentStats, base: LatentStats) -> dict[str, Any]:
     """What a downstream model normalizing with ``base``'s statistics sees of latents distributed as ``new``'s,
     per channel, over the latent positions both cover: the mean offset ``(mean - base mean) / base std`` (0: no

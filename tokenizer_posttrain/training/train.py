@@ -361,6 +361,10 @@ def train(
                 from ..io.export import export_tokenizer
 
                 export_dir = export_tokenizer(module.network, run_dir / "export")
+                if not module.network.is_discrete:
+                    from ..evaluation.latent_stats import carry_base_stats
+
+                    carry_base_stats(model.trainable, model.jit_ckpt_pth, export_dir)
             summary.report(
                 run_dir, lightning_trainer.global_step, time.time() - started, module.loss_history, ckpt_dir, export_dir
             )

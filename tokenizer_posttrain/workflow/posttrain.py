@@ -20,7 +20,7 @@ from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.layout import dataset_splits
 from ..evaluation.latent_stats import (
     STATS_CLIPS,
-    copy_latent_stats,
+    carry_base_stats,
     dataset_latent_stats,
     read_latent_stats,
     stats_folder,
@@ -326,12 +326,11 @@ def write_latent_stats(
     if config.is_discrete:
         print(f"latent statistics: none for {config.name} (world models read its token indices)", flush=True)
         return "none (discrete tokenizer)"
-    base_dir = stats_folder(base)
-    if trainable == "decoder" and read_latent_stats(base_dir) is not None:
-        copied = copy_latent_stats(base_dir, export_dir)
+    copied = carry_base_stats(trainable, base, export_dir)
+    if copied:
         names = ", ".join(p.name for p in copied)
-        print(f"latent statistics: the encoder did not train, copied {names} from {base_dir}", flush=True)
-        return f"copied from {base_dir}"
+        print(f"latent statistics: the encoder did not train, copied {names} from {stats_folder(base)}", flush=True)
+        return f"copied from {stats_folder(base)}"
     network = load_tokenizer(export_dir)
     stats = dataset_latent_stats(
         network,
