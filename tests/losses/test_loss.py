@@ -10,7 +10,7 @@ import torch
 from tests.losses.test_perceptual import random_vgg16_state, videos
 from tokenizer_posttrain.losses import TERMS, LossConfig, build_loss
 from tokenizer_posttrain.losses.l1 import L1Config, masked_l1
-from tokenizer_posttrain.losses.perceptual import VGG16_FILE, PerceptualConfig, PerceptualLoss
+from tokenizer_posttrain.losses.perceptual import VGG16_FILE, PerceptualConfig, PerceptualLoss, VGG16Pass
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CPU = torch.device("cpu")
@@ -52,9 +52,9 @@ def test_a_term_at_weight_zero_is_not_computed() -> None:
 def test_a_scheduled_network_is_found_at_launch_and_built_when_first_needed(weights_file: Path) -> None:
     schedule = {"boundaries": [5], "values": [0.0, 0.1], "weights_path": str(weights_file)}
     loss = build_loss(LossConfig(perceptual=PerceptualConfig(**schedule)))
-    term = loss.terms["perceptual"]
-    assert loss.prepare(5, CPU) == {"l1": 1.0} and term.loss is None  # off: nothing read, nothing built
-    assert loss.prepare(6, CPU) == {"l1": 1.0, "perceptual": 0.1} and isinstance(term.loss, PerceptualLoss)
+    assert loss.vgg is not None
+    assert loss.prepare(5, CPU) == {"l1": 1.0} and loss.vgg.network is None  # off: nothing read, nothing built
+    assert loss.prepare(6, CPU) == {"l1": 1.0, "perceptual": 0.1} and isinstance(loss.vgg.network, VGG16Pass)
     missing = {**schedule, "weights_path": str(weights_file.parent / "gone.pth")}
     with pytest.raises(FileNotFoundError, match="gone.pth"):  # at launch, not at step 6
         build_loss(LossConfig(perceptual=PerceptualConfig(**missing)))

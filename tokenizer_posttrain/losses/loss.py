@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .l1 import L1Config, L1Loss
-from .perceptual import PerceptualConfig, PerceptualTerm
+from .perceptual import FeatureTerm, PerceptualConfig, PerceptualTerm, SharedVGG16
 from .terms import LossTerm, TermConfig
 
 TERMS: dict[str, type[LossTerm]] = {
@@ -78,7 +78,9 @@ class Loss(nn.Module):
     and their weighted total under ``"loss"``, all fp32 scalars.
 
     Pure tensor code between :meth:`prepare` calls (no device moves, no file reads), so it compiles
-    together with the network. A term whose weight is 0 at a step is not computed at that step.
+    together with the network. A term whose weight is 0 at a step is not computed at that step. The terms on
+    VGG16 features (:class:`~.perceptual.FeatureTerm`) active at a step share one VGG16 pass
+    (:attr:`vgg`, set by ``loss.perceptual``), which exists only if one of them is ever on.
     """
 
     def __init__(self, config: LossConfig) -> None:
@@ -87,12 +89,17 @@ class Loss(nn.Module):
         self.terms = nn.ModuleDict(
             {name: cls(config.term(name)) for name, cls in TERMS.items() if config.term(name).ever_on}
         )
+        self.feature_terms = frozenset(name for name, term in self.terms.items() if isinstance(term, FeatureTerm))
+        self.vgg = SharedVGG16(config.perceptual) if self.feature_terms else None
 
     def prepare(self, step: int, device: torch.device) -> dict[str, float]:
-        """Build and move to ``device`` the terms active at optimizer step ``step``; their weights."""
+        """Build and move to ``device`` the terms active at optimizer step ``step`` (and the VGG16 if one of
+        them needs it); their weights."""
         weights = self.config.weights_at(step)
         for name in weights:
             self.terms[name].prepare(device)
+        if self.vgg is not None and self.feature_terms.intersection(weights):
+            self.vgg.prepare(device)
         return weights
 
     def forward(
@@ -102,8 +109,14 @@ class Loss(nn.Module):
         (from :meth:`prepare`)."""
         terms: dict[str, Tensor] = {}
         total: Tensor | None = None
+        on_features = [name for name in weights if name in self.feature_terms]
+        shared: dict[str, Tensor] = {}
+        if on_features:
+            assert self.vgg is not None
+            values = self.vgg(reconstruction, target, mask, [self.terms[name] for name in on_features])
+            shared = dict(zip(on_features, values, strict=True))
         for name, weight in weights.items():
-            terms[name] = value = self.terms[name](reconstruction, target, mask)
+            terms[name] = value = shared[name] if name in shared else self.terms[name](reconstruction, target, mask)
             total = weight * value if total is None else total + weight * value
         if total is None:
             raise ValueError("no loss term is active at this step")
@@ -117,4 +130,6 @@ def build_loss(config: LossConfig) -> Loss:
     loss = Loss(config)
     for term in loss.terms.values():
         term.check()
+    if loss.vgg is not None:
+        loss.vgg.check()
     return loss
