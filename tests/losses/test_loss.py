@@ -9,6 +9,7 @@ import torch
 
 from tests.losses.test_perceptual import random_vgg16_state, videos
 from tokenizer_posttrain.losses import TERMS, LossConfig, build_loss
+from tokenizer_posttrain.losses.gram import GramConfig
 from tokenizer_posttrain.losses.l1 import L1Config, masked_l1
 from tokenizer_posttrain.losses.perceptual import VGG16_FILE, PerceptualConfig, PerceptualLoss, VGG16Pass
 
@@ -25,7 +26,7 @@ def weights_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_term_is_a_config_field() -> None:
     config = LossConfig()
-    assert list(TERMS) == ["l1", "perceptual"]
+    assert list(TERMS) == ["l1", "perceptual", "gram"]
     assert all(hasattr(config, name) for name in TERMS)
 
 
@@ -76,6 +77,8 @@ def test_shorthand_weights_set_the_terms() -> None:
         ({"perceptual": PerceptualConfig(boundaries=[3])}, "loss.perceptual.values is empty"),
         ({"perceptual": PerceptualConfig(boundaries=[5, 2], values=[0, 1, 2])}, "must be increasing"),
         ({"perceptual": PerceptualConfig(frame_chunk=0)}, "loss.perceptual.frame_chunk=0"),
+        ({"gram": GramConfig(boundaries=[3])}, "loss.gram.values is empty"),
+        ({"gram": GramConfig(-0.5)}, "loss.gram.weight=-0.5 must be finite and >= 0"),
         ({"l1_weight": 0.0, "perceptual_weight": 0.0}, "every loss term has weight 0 at step 0"),
         (
             {"l1": L1Config(boundaries=[9], values=[1.0, 0.0]), "perceptual_weight": 0.0},

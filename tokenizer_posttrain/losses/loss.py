@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .gram import GramConfig, GramTerm
 from .l1 import L1Config, L1Loss
 from .perceptual import FeatureTerm, PerceptualConfig, PerceptualTerm, SharedVGG16
 from .terms import LossTerm, TermConfig
@@ -15,6 +16,7 @@ from .terms import LossTerm, TermConfig
 TERMS: dict[str, type[LossTerm]] = {
     "l1": L1Loss,
     "perceptual": PerceptualTerm,
+    "gram": GramTerm,
 }
 """Term name (also its ``LossConfig`` field and its ``train/<name>`` metric) -> class, in the order the
 total sums them."""
@@ -29,7 +31,10 @@ class LossConfig:
     l1: L1Config = field(default_factory=L1Config)
     """L1 reconstruction (weight 1)."""
     perceptual: PerceptualConfig = field(default_factory=PerceptualConfig)
-    """VGG16 perceptual term (weight 0.1); weight 0 needs no VGG16 file."""
+    """VGG16 perceptual term (weight 0.1); weight 0 needs no VGG16 file (unless loss.gram is on)."""
+    gram: GramConfig = field(default_factory=GramConfig)
+    """Gram-matrix loss on the VGG16 features of loss.perceptual (its layers and layer weights, one VGG pass for
+    both; NVIDIA's trainers use 0 up to step 500000, then 0.062); weight 0 (default): off."""
     l1_weight: Optional[float] = None
     """Shorthand for loss.l1.weight (kept from earlier releases); moved into loss.l1 when the config is made."""
     perceptual_weight: Optional[float] = None
@@ -79,7 +84,7 @@ class Loss(nn.Module):
 
     Pure tensor code between :meth:`prepare` calls (no device moves, no file reads), so it compiles
     together with the network. A term whose weight is 0 at a step is not computed at that step. The terms on
-    VGG16 features (:class:`~.perceptual.FeatureTerm`) active at a step share one VGG16 pass
+    VGG16 features (:class:`~.perceptual.FeatureTerm`: perceptual, gram) active at a step share one VGG16 pass
     (:attr:`vgg`, set by ``loss.perceptual``), which exists only if one of them is ever on.
     """
 

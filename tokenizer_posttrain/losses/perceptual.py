@@ -1,5 +1,5 @@
 """Perceptual loss of the Cosmos tokenizer post-training recipe: L1 between VGG16 features of frames; and the
-one VGG16 pass that it shares with the other terms on VGG16 features (:class:`FeatureTerm`).
+one VGG16 pass that it shares with the other terms on VGG16 features (:class:`FeatureTerm`, e.g. the Gram loss).
 
 The VGG16 trunk is rebuilt here with torchvision's parameter names, so the ImageNet weights torchvision caches
 (``vgg16-397923af.pth``) load without torchvision being installed. Nothing is downloaded at run time.
@@ -30,7 +30,8 @@ LPIPS_SHIFT = (-0.030, -0.088, -0.188)
 LPIPS_SCALE = (0.458, 0.448, 0.450)
 _HINT = (
     f"or set loss.perceptual.weights_path=/path/to/{VGG16_FILE} to read it from another place, "
-    "or set loss.perceptual.weight=0 (or loss.perceptual_weight=0) to turn the perceptual term off"
+    "or turn off the terms that read it: loss.perceptual.weight=0 (or loss.perceptual_weight=0) "
+    "and loss.gram.weight=0"
 )
 
 
@@ -97,15 +98,15 @@ def find_vgg16_weights(path: str | None = None) -> Path:
         explicit = Path(path).expanduser()
         if not explicit.is_file():
             raise FileNotFoundError(
-                f"VGG16 weights for the perceptual loss not found at {explicit} (loss.perceptual.weights_path); "
-                f"download {VGG16_URL} there, {_HINT}."
+                f"VGG16 weights for the perceptual and Gram losses not found at {explicit} "
+                f"(loss.perceptual.weights_path); download {VGG16_URL} there, {_HINT}."
             )
         return explicit
     cached = Path(torch.hub.get_dir()) / "checkpoints" / VGG16_FILE
     if not cached.is_file():
         raise FileNotFoundError(
-            f"The perceptual loss needs torchvision's ImageNet VGG16 weights and nothing is downloaded at run time. "
-            f"Put {VGG16_URL} at {cached}, {_HINT}."
+            "The perceptual and Gram losses need torchvision's ImageNet VGG16 weights and nothing is downloaded at "
+            f"run time. Put {VGG16_URL} at {cached}, {_HINT}."
         )
     return cached
 
@@ -304,14 +305,15 @@ class PerceptualLoss(VGG16Pass):
 
 @dataclass
 class PerceptualConfig(TermConfig):
-    """VGG16 feature L1 (relu1_2..relu5_3, LPIPS input scaling) of the Cosmos post-training recipe; at weight 0
-    it needs no weights file."""
+    """VGG16 feature L1 (relu1_2..relu5_3, LPIPS input scaling) of the Cosmos post-training recipe; its VGG16
+    settings also serve loss.gram. With both at weight 0 no weights file is needed."""
 
     weight: float = 0.1
     weights_path: Optional[str] = None
-    """torchvision's ImageNet VGG16 file (vgg16-397923af.pth); None looks in the torch hub cache."""
+    """torchvision's ImageNet VGG16 file (vgg16-397923af.pth); None looks in the torch hub cache. Also read by
+    loss.gram."""
     frame_chunk: Optional[int] = None
-    """Run the VGG over at most this many frames at once (saves memory, same result)."""
+    """Run the VGG over at most this many frames at once (saves memory, same result); for loss.gram too."""
 
     def problems(self, key: str) -> list[str]:
         problems = super().problems(key)
