@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .gram import GramConfig, GramTerm
+from .high_freq import HighFreqConfig, HighFreqLoss
 from .l1 import L1Config, L1Loss
 from .perceptual import FeatureTerm, PerceptualConfig, PerceptualTerm, SharedVGG16
 from .terms import LossTerm, TermConfig
@@ -17,6 +18,7 @@ TERMS: dict[str, type[LossTerm]] = {
     "l1": L1Loss,
     "perceptual": PerceptualTerm,
     "gram": GramTerm,
+    "high_freq": HighFreqLoss,
 }
 """Term name (also its ``LossConfig`` field and its ``train/<name>`` metric) -> class, in the order the
 total sums them."""
@@ -35,6 +37,8 @@ class LossConfig:
     gram: GramConfig = field(default_factory=GramConfig)
     """Gram-matrix loss on the VGG16 features of loss.perceptual (its layers and layer weights, one VGG pass for
     both; NVIDIA's trainers use 0 up to step 500000, then 0.062); weight 0 (default): off."""
+    high_freq: HighFreqConfig = field(default_factory=HighFreqConfig)
+    """L1 between the frames' Laplacians, for edges and fine detail (NVIDIA's trainer); weight 0 (default): off."""
     l1_weight: Optional[float] = None
     """Shorthand for loss.l1.weight (kept from earlier releases); moved into loss.l1 when the config is made."""
     perceptual_weight: Optional[float] = None
