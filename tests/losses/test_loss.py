@@ -89,3 +89,20 @@ def test_shorthand_weights_set_the_terms() -> None:
 def test_bad_settings_name_the_key(config: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
         LossConfig(**config)
+
+
+def test_schedule_changes_that_a_run_never_reaches_are_named() -> None:
+    config = LossConfig(
+        l1=L1Config(boundaries=[8, 99], values=[1.0, 0.5, 0.2]),
+        perceptual_weight=0.0,
+        gram=GramConfig(boundaries=[500000], values=[0.0, 0.062]),
+    )
+    # Steps 0 ... 99: the change after step 8 comes, the one after step 99 does not.
+    assert config.unreached_changes(100) == [
+        "loss.l1.boundaries=[8, 99]: trainer.max_steps=100 ends before step 100, where the weight would change "
+        "from 0.5 to 0.2; it stays 0.5",
+        "loss.gram.boundaries=[500000]: trainer.max_steps=100 ends before step 500001, where the weight would "
+        "change from 0.0 to 0.062; it stays 0.0 (the term is never on)",
+    ]
+    assert [note.split(":")[0] for note in config.unreached_changes(101)] == ["loss.gram.boundaries=[500000]"]
+    assert LossConfig().unreached_changes(1) == []

@@ -77,6 +77,25 @@ class LossConfig:
         weights = {name: self.term(name).weight_at(step) for name in TERMS}
         return {name: w for name, w in weights.items() if w != 0}
 
+    def unreached_changes(self, max_steps: int) -> list[str]:
+        """One line per term whose schedule changes after a step that a run of ``max_steps`` optimizer steps
+        (0 ... max_steps - 1) never gets past: the weight it keeps, and whether the term is ever on."""
+        notes = []
+        for name in TERMS:
+            config = self.term(name)
+            unreached = [i for i, boundary in enumerate(config.boundaries) if boundary + 1 >= max_steps]
+            if not config.values or not unreached:
+                continue
+            first = unreached[0]
+            kept, then = config.values[first], config.values[first + 1]
+            never = " (the term is never on)" if not any(w != 0 for w in config.values[: first + 1]) else ""
+            notes.append(
+                f"loss.{name}.boundaries={config.boundaries}: trainer.max_steps={max_steps} ends before step "
+                f"{config.boundaries[first] + 1}, where the weight would change from {kept} to {then}; it stays "
+                f"{kept}{never}"
+            )
+        return notes
+
     def to_dict(self) -> dict:
         """The settings as plain data (for checkpoints' hyperparameters)."""
         return dataclasses.asdict(self)
