@@ -9,8 +9,9 @@ import torch
 
 from tests.losses.test_perceptual import random_vgg16_state, videos
 from tokenizer_posttrain.losses import TERMS, LossConfig, build_loss
+from tokenizer_posttrain.losses.gram import GramConfig
 from tokenizer_posttrain.losses.l1 import L1Config, masked_l1
-from tokenizer_posttrain.losses.perceptual import VGG16_FILE, PerceptualConfig, PerceptualLoss
+from tokenizer_posttrain.losses.perceptual import VGG16_FILE, PerceptualConfig, PerceptualLoss, VGG16Pass
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CPU = torch.device("cpu")
@@ -25,7 +26,7 @@ def weights_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_term_is_a_config_field() -> None:
     config = LossConfig()
-    assert list(TERMS) == ["l1", "perceptual"]
+    assert list(TERMS) == ["l1", "perceptual", "gram", "high_freq"]
     assert all(hasattr(config, name) for name in TERMS)
 
 
@@ -52,9 +53,9 @@ def test_a_term_at_weight_zero_is_not_computed() -> None:
 def test_a_scheduled_network_is_found_at_launch_and_built_when_first_needed(weights_file: Path) -> None:
     schedule = {"boundaries": [5], "values": [0.0, 0.1], "weights_path": str(weights_file)}
     loss = build_loss(LossConfig(perceptual=PerceptualConfig(**schedule)))
-    term = loss.terms["perceptual"]
-    assert loss.prepare(5, CPU) == {"l1": 1.0} and term.loss is None  # off: nothing read, nothing built
-    assert loss.prepare(6, CPU) == {"l1": 1.0, "perceptual": 0.1} and isinstance(term.loss, PerceptualLoss)
+    assert loss.vgg is not None
+    assert loss.prepare(5, CPU) == {"l1": 1.0} and loss.vgg.network is None  # off: nothing read, nothing built
+    assert loss.prepare(6, CPU) == {"l1": 1.0, "perceptual": 0.1} and isinstance(loss.vgg.network, VGG16Pass)
     missing = {**schedule, "weights_path": str(weights_file.parent / "gone.pth")}
     with pytest.raises(FileNotFoundError, match="gone.pth"):  # at launch, not at step 6
         build_loss(LossConfig(perceptual=PerceptualConfig(**missing)))
@@ -76,6 +77,8 @@ def test_shorthand_weights_set_the_terms() -> None:
         ({"perceptual": PerceptualConfig(boundaries=[3])}, "loss.perceptual.values is empty"),
         ({"perceptual": PerceptualConfig(boundaries=[5, 2], values=[0, 1, 2])}, "must be increasing"),
         ({"perceptual": PerceptualConfig(frame_chunk=0)}, "loss.perceptual.frame_chunk=0"),
+        ({"gram": GramConfig(boundaries=[3])}, "loss.gram.values is empty"),
+        ({"gram": GramConfig(-0.5)}, "loss.gram.weight=-0.5 must be finite and >= 0"),
         ({"l1_weight": 0.0, "perceptual_weight": 0.0}, "every loss term has weight 0 at step 0"),
         (
             {"l1": L1Config(boundaries=[9], values=[1.0, 0.0]), "perceptual_weight": 0.0},
@@ -86,3 +89,20 @@ def test_shorthand_weights_set_the_terms() -> None:
 def test_bad_settings_name_the_key(config: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
         LossConfig(**config)
+
+
+def test_schedule_changes_that_a_run_never_reaches_are_named() -> None:
+    config = LossConfig(
+        l1=L1Config(boundaries=[8, 99], values=[1.0, 0.5, 0.2]),
+        perceptual_weight=0.0,
+        gram=GramConfig(boundaries=[500000], values=[0.0, 0.062]),
+    )
+    # Steps 0 ... 99: the change after step 8 comes, the one after step 99 does not.
+    assert config.unreached_changes(100) == [
+        "loss.l1.boundaries=[8, 99]: trainer.max_steps=100 ends before step 100, where the weight would change "
+        "from 0.5 to 0.2; it stays 0.5",
+        "loss.gram.boundaries=[500000]: trainer.max_steps=100 ends before step 500001, where the weight would "
+        "change from 0.0 to 0.062; it stays 0.0 (the term is never on)",
+    ]
+    assert [note.split(":")[0] for note in config.unreached_changes(101)] == ["loss.gram.boundaries=[500000]"]
+    assert LossConfig().unreached_changes(1) == []

@@ -13,6 +13,7 @@ from tokenizer_posttrain.losses.perceptual import (
     PerceptualConfig,
     PerceptualLoss,
     VGG16Features,
+    VGG16Pass,
     find_vgg16_weights,
     load_vgg16_features,
 )
@@ -214,9 +215,10 @@ def test_default_cache_file_is_used(empty_hub: Path, weights_file: Path) -> None
     cache.parent.mkdir(parents=True)
     cache.symlink_to(weights_file)
     assert find_vgg16_weights() == cache
-    term = build_loss(LossConfig(perceptual=PerceptualConfig(weight=0.5, frame_chunk=4))).terms["perceptual"]
-    term.prepare(torch.device("cpu"))
-    assert isinstance(term.loss, PerceptualLoss) and term.loss.frame_chunk == 4
+    vgg = build_loss(LossConfig(perceptual=PerceptualConfig(weight=0.5, frame_chunk=4))).vgg
+    assert vgg is not None
+    vgg.prepare(torch.device("cpu"))
+    assert isinstance(vgg.network, VGG16Pass) and vgg.network.frame_chunk == 4
 
 
 def test_missing_or_misshapen_feature_key(tmp_path: Path) -> None:

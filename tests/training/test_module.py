@@ -101,9 +101,9 @@ def test_a_scheduled_term_joins_the_loss_at_its_boundary(tmp_path: Path, vgg_fil
     # Weight 0 up to optimizer step 1, then 0.1: steps 0 and 1 train on L1 alone (no VGG built), 2 and 3 on both.
     perceptual = PerceptualConfig(boundaries=[1], values=[0.0, 0.1], weights_path=str(vgg_file))
     module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), LossConfig(perceptual=perceptual))
-    assert module.loss.terms["perceptual"].loss is None
+    assert module.loss.vgg is not None and module.loss.vgg.network is None
     recorder = Recorder()
     fit(module, tmp_path, steps=4, logger=recorder, log_every_n_steps=1)
     terms = {step: set(row) for step, row in recorder.rows if "train/loss" in row}
     assert [("train/perceptual" in terms[step]) for step in range(4)] == [False, False, True, True]
-    assert module.loss.terms["perceptual"].loss is not None
+    assert module.loss.vgg.network is not None

@@ -155,3 +155,32 @@ def test_lr_1e10_stops_with_one_line_naming_the_steps(tmp_path: Path) -> None:
     assert last.startswith("error: 2 steps in a row (steps "), last
     assert "Traceback" not in proc.stderr and "No checkpoint was written before step" in last
     assert not list(tmp_path.glob("*/export"))
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_run_logs_the_gram_and_high_frequency_terms_and_warns_of_an_unreached_schedule(
+    tmp_path: Path, vgg_file: Path
+) -> None:
+    from tests.conftest import read_metrics
+    from tests.training.conftest import tiny_run
+    from tokenizer_posttrain.losses.gram import GramConfig
+    from tokenizer_posttrain.losses.high_freq import HighFreqConfig
+    from tokenizer_posttrain.losses.perceptual import PerceptualConfig
+    from tokenizer_posttrain.training.train import train
+
+    loss = {
+        "perceptual_weight": None,
+        # Perceptual off: the Gram term still gets the VGG16 that loss.perceptual sets.
+        "perceptual": PerceptualConfig(0.0, weights_path=str(vgg_file)),
+        "gram": GramConfig(0.5),
+        "high_freq": HighFreqConfig(boundaries=[0, 5], values=[0.0, 0.2, 0.4]),
+    }
+    configs = tiny_run(tmp_path, steps=2, data={"frames": 1}, loss=loss)
+    with pytest.warns(
+        UserWarning, match=r"loss\.high_freq\.boundaries=\[0, 5\]: trainer\.max_steps=2 ends before step 6"
+    ):
+        run_dir = train(**configs)
+    rows = {int(row["step"]): row for row in read_metrics(run_dir) if row.get("train/loss")}
+    assert sorted(rows) == [0, 1]
+    assert float(rows[0]["train/gram"]) > 0 and float(rows[1]["train/gram"]) > 0
+    assert rows[0]["train/high_freq"] == "" and float(rows[1]["train/high_freq"]) > 0  # on after step 0

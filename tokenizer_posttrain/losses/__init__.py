@@ -4,7 +4,8 @@ which makes one module returning each active term by name plus their weighted to
 To add a term: write its sub-config and class (a :class:`~.terms.LossTerm`) in a module here, give
 :class:`~.loss.LossConfig` a field for the config and :data:`~.loss.TERMS` one line, and test it in
 ``tests/losses``. Nothing outside this folder changes: the trainer logs every term as ``train/<name>``
-and ``val/<name>``.
+and ``val/<name>``. A term on VGG16 features is a :class:`~.perceptual.FeatureTerm`: the terms of that kind
+active at a step share one VGG16 pass.
 """
 
 from .loss import TERMS, Loss, LossConfig, build_loss

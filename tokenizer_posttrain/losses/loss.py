@@ -8,13 +8,17 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .gram import GramConfig, GramTerm
+from .high_freq import HighFreqConfig, HighFreqLoss
 from .l1 import L1Config, L1Loss
-from .perceptual import PerceptualConfig, PerceptualTerm
+from .perceptual import FeatureTerm, PerceptualConfig, PerceptualTerm, SharedVGG16
 from .terms import LossTerm, TermConfig
 
 TERMS: dict[str, type[LossTerm]] = {
     "l1": L1Loss,
     "perceptual": PerceptualTerm,
+    "gram": GramTerm,
+    "high_freq": HighFreqLoss,
 }
 """Term name (also its ``LossConfig`` field and its ``train/<name>`` metric) -> class, in the order the
 total sums them."""
@@ -29,7 +33,12 @@ class LossConfig:
     l1: L1Config = field(default_factory=L1Config)
     """L1 reconstruction (weight 1)."""
     perceptual: PerceptualConfig = field(default_factory=PerceptualConfig)
-    """VGG16 perceptual term (weight 0.1); weight 0 needs no VGG16 file."""
+    """VGG16 perceptual term (weight 0.1); weight 0 needs no VGG16 file (unless loss.gram is on)."""
+    gram: GramConfig = field(default_factory=GramConfig)
+    """Gram-matrix loss on the VGG16 features of loss.perceptual (its layers and layer weights, one VGG pass for
+    both; NVIDIA's trainers use 0 up to step 500000, then 0.062); weight 0 (default): off."""
+    high_freq: HighFreqConfig = field(default_factory=HighFreqConfig)
+    """L1 between the frames' Laplacians, for edges and fine detail (NVIDIA's trainer); weight 0 (default): off."""
     l1_weight: Optional[float] = None
     """Shorthand for loss.l1.weight (kept from earlier releases); moved into loss.l1 when the config is made."""
     perceptual_weight: Optional[float] = None
@@ -68,6 +77,25 @@ class LossConfig:
         weights = {name: self.term(name).weight_at(step) for name in TERMS}
         return {name: w for name, w in weights.items() if w != 0}
 
+    def unreached_changes(self, max_steps: int) -> list[str]:
+        """One line per term whose schedule changes after a step that a run of ``max_steps`` optimizer steps
+        (0 ... max_steps - 1) never gets past: the weight it keeps, and whether the term is ever on."""
+        notes = []
+        for name in TERMS:
+            config = self.term(name)
+            unreached = [i for i, boundary in enumerate(config.boundaries) if boundary + 1 >= max_steps]
+            if not config.values or not unreached:
+                continue
+            first = unreached[0]
+            kept, then = config.values[first], config.values[first + 1]
+            never = " (the term is never on)" if not any(w != 0 for w in config.values[: first + 1]) else ""
+            notes.append(
+                f"loss.{name}.boundaries={config.boundaries}: trainer.max_steps={max_steps} ends before step "
+                f"{config.boundaries[first] + 1}, where the weight would change from {kept} to {then}; it stays "
+                f"{kept}{never}"
+            )
+        return notes
+
     def to_dict(self) -> dict:
         """The settings as plain data (for checkpoints' hyperparameters)."""
         return dataclasses.asdict(self)
@@ -78,7 +106,9 @@ class Loss(nn.Module):
     and their weighted total under ``"loss"``, all fp32 scalars.
 
     Pure tensor code between :meth:`prepare` calls (no device moves, no file reads), so it compiles
-    together with the network. A term whose weight is 0 at a step is not computed at that step.
+    together with the network. A term whose weight is 0 at a step is not computed at that step. The terms on
+    VGG16 features (:class:`~.perceptual.FeatureTerm`: perceptual, gram) active at a step share one VGG16 pass
+    (:attr:`vgg`, set by ``loss.perceptual``), which exists only if one of them is ever on.
     """
 
     def __init__(self, config: LossConfig) -> None:
@@ -87,12 +117,17 @@ class Loss(nn.Module):
         self.terms = nn.ModuleDict(
             {name: cls(config.term(name)) for name, cls in TERMS.items() if config.term(name).ever_on}
         )
+        self.feature_terms = frozenset(name for name, term in self.terms.items() if isinstance(term, FeatureTerm))
+        self.vgg = SharedVGG16(config.perceptual) if self.feature_terms else None
 
     def prepare(self, step: int, device: torch.device) -> dict[str, float]:
-        """Build and move to ``device`` the terms active at optimizer step ``step``; their weights."""
+        """Build and move to ``device`` the terms active at optimizer step ``step`` (and the VGG16 if one of
+        them needs it); their weights."""
         weights = self.config.weights_at(step)
         for name in weights:
             self.terms[name].prepare(device)
+        if self.vgg is not None and self.feature_terms.intersection(weights):
+            self.vgg.prepare(device)
         return weights
 
     def forward(
@@ -102,8 +137,14 @@ class Loss(nn.Module):
         (from :meth:`prepare`)."""
         terms: dict[str, Tensor] = {}
         total: Tensor | None = None
+        on_features = [name for name in weights if name in self.feature_terms]
+        shared: dict[str, Tensor] = {}
+        if on_features:
+            assert self.vgg is not None
+            values = self.vgg(reconstruction, target, mask, [self.terms[name] for name in on_features])
+            shared = dict(zip(on_features, values, strict=True))
         for name, weight in weights.items():
-            terms[name] = value = self.terms[name](reconstruction, target, mask)
+            terms[name] = value = shared[name] if name in shared else self.terms[name](reconstruction, target, mask)
             total = weight * value if total is None else total + weight * value
         if total is None:
             raise ValueError("no loss term is active at this step")
@@ -117,4 +158,6 @@ def build_loss(config: LossConfig) -> Loss:
     loss = Loss(config)
     for term in loss.terms.values():
         term.check()
+    if loss.vgg is not None:
+        loss.vgg.check()
     return loss

@@ -1,4 +1,5 @@
-"""Perceptual loss of the Cosmos tokenizer post-training recipe: L1 between VGG16 features of frames.
+"""Perceptual loss of the Cosmos tokenizer post-training recipe: L1 between VGG16 features of frames; and the
+one VGG16 pass that it shares with the other terms on VGG16 features (:class:`FeatureTerm`, e.g. the Gram loss).
 
 The VGG16 trunk is rebuilt here with torchvision's parameter names, so the ImageNet weights torchvision caches
 (``vgg16-397923af.pth``) load without torchvision being installed. Nothing is downloaded at run time.
@@ -29,7 +30,8 @@ LPIPS_SHIFT = (-0.030, -0.088, -0.188)
 LPIPS_SCALE = (0.458, 0.448, 0.450)
 _HINT = (
     f"or set loss.perceptual.weights_path=/path/to/{VGG16_FILE} to read it from another place, "
-    "or set loss.perceptual.weight=0 (or loss.perceptual_weight=0) to turn the perceptual term off"
+    "or turn off the terms that read it: loss.perceptual.weight=0 (or loss.perceptual_weight=0) "
+    "and loss.gram.weight=0"
 )
 
 
@@ -96,15 +98,15 @@ def find_vgg16_weights(path: str | None = None) -> Path:
         explicit = Path(path).expanduser()
         if not explicit.is_file():
             raise FileNotFoundError(
-                f"VGG16 weights for the perceptual loss not found at {explicit} (loss.perceptual.weights_path); "
-                f"download {VGG16_URL} there, {_HINT}."
+                f"VGG16 weights for the perceptual and Gram losses not found at {explicit} "
+                f"(loss.perceptual.weights_path); download {VGG16_URL} there, {_HINT}."
             )
         return explicit
     cached = Path(torch.hub.get_dir()) / "checkpoints" / VGG16_FILE
     if not cached.is_file():
         raise FileNotFoundError(
-            f"The perceptual loss needs torchvision's ImageNet VGG16 weights and nothing is downloaded at run time. "
-            f"Put {VGG16_URL} at {cached}, {_HINT}."
+            "The perceptual and Gram losses need torchvision's ImageNet VGG16 weights and nothing is downloaded at "
+            f"run time. Put {VGG16_URL} at {cached}, {_HINT}."
         )
     return cached
 
@@ -150,8 +152,33 @@ def _frames(video: Tensor) -> Tensor:
     return video.transpose(1, 2).reshape(b * t, c, h, w)
 
 
-class PerceptualLoss(nn.Module):
-    """Weighted sum over five VGG16 layers of the (masked) mean absolute feature difference of all frames.
+class FeatureTerm(LossTerm):
+    """A term computed from the VGG16 features (relu1_2 ... relu5_3) of every frame of input and reconstruction.
+
+    The :class:`~.loss.Loss` runs one :class:`VGG16Pass` for all such terms active at a step: each term reduces
+    every chunk of frames to statistics (:meth:`statistics`), then the statistics of all chunks, in frame order,
+    to its value (:meth:`value`). So the VGG16 runs once per step however many of these terms are on.
+    """
+
+    def statistics(
+        self, reconstruction: list[Tensor], target: list[Tensor], weights: list[Tensor]
+    ) -> tuple[Tensor, ...]:
+        """What the term needs of one chunk of ``N`` frames: per layer the features of reconstruction and target
+        ``[N, C, h, w]`` and the mask at that resolution ``[N, 1, h, w]`` (the fraction of counted pixels under
+        each feature)."""
+        raise NotImplementedError
+
+    def value(self, chunks: list[tuple[Tensor, ...]], clips: int) -> Tensor:
+        """The fp32 scalar term from the :meth:`statistics` of every chunk (in frame order); the videos held
+        ``clips`` clips, each of ``frames / clips`` frames."""
+        raise NotImplementedError
+
+    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+        raise RuntimeError(f"{type(self).__name__} is computed in the VGG16 pass of the Loss module (Loss.vgg)")
+
+
+class VGG16Pass(nn.Module):
+    """One VGG16 pass over the frames of input and reconstruction, shared by the :class:`FeatureTerm` s given.
 
     Inputs are rescaled with LPIPS's per-channel shift and scale, which map [-1, 1] videos onto the statistics
     of the ImageNet-normalised images the VGG16 weights were trained on. ``frame_chunk`` runs the VGG over at
@@ -159,22 +186,10 @@ class PerceptualLoss(nn.Module):
     (activation checkpointing), so the memory for the VGG's activations is bounded by one chunk.
     """
 
-    def __init__(
-        self,
-        weights_path: str | None = None,
-        layer_weights: Sequence[float] = DEFAULT_LAYER_WEIGHTS,
-        frame_chunk: int | None = None,
-        vgg: VGG16Features | None = None,
-        channels_last: bool = False,
-    ) -> None:
+    def __init__(self, vgg: VGG16Features, frame_chunk: int | None = None, channels_last: bool = False) -> None:
         super().__init__()
-        if len(layer_weights) != len(TAPS):
-            raise ValueError(f"layer_weights needs {len(TAPS)} values (one per VGG16 layer), got {len(layer_weights)}")
-        if frame_chunk is not None and frame_chunk < 1:
-            raise ValueError(f"frame_chunk must be a positive number of frames or None, got {frame_chunk}")
-        # ``vgg`` (a ready network, e.g. random weights for timing) skips reading the weights file.
-        self.vgg = vgg if vgg is not None else load_vgg16_features(find_vgg16_weights(weights_path))
-        self.layer_weights = tuple(float(weight) for weight in layer_weights)
+        _check_frame_chunk(frame_chunk)
+        self.vgg = vgg
         self.frame_chunk = frame_chunk
         # NHWC images: the layout tensor-core convolutions work in (the result is the same).
         self.channels_last = channels_last
@@ -182,8 +197,11 @@ class PerceptualLoss(nn.Module):
         self.register_buffer("shift", torch.tensor(LPIPS_SHIFT).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("scale", torch.tensor(LPIPS_SCALE).view(1, 3, 1, 1), persistent=False)
 
-    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
-        """fp32 scalar loss of videos ``[B, 3, T, H, W]`` in [-1, 1]; ``mask`` ``[B, 1, T, H, W]``, 1 = counts."""
+    def forward(
+        self, reconstruction: Tensor, target: Tensor, mask: Tensor | None, terms: Sequence[FeatureTerm]
+    ) -> list[Tensor]:
+        """The value of each of ``terms`` for videos ``[B, 3, T, H, W]`` in [-1, 1]; ``mask`` ``[B, 1, T, H, W]``,
+        1 = counts (None: every pixel)."""
         shape = tuple(reconstruction.shape)
         if shape != tuple(target.shape) or len(shape) != 5 or shape[1] != 3:
             raise ValueError(f"expected equal [B, 3, T, H, W] videos, got {shape} and {tuple(target.shape)}")
@@ -194,25 +212,58 @@ class PerceptualLoss(nn.Module):
         chunk = self.frame_chunk or recon.shape[0]
         # Without chunks one pass holds the activations anyway; checkpointing would only add a recomputation.
         recompute = chunk < recon.shape[0] and torch.is_grad_enabled() and recon.requires_grad
+
+        def statistics(recon: Tensor, target: Tensor, mask: Tensor) -> list[tuple[Tensor, ...]]:
+            return self._statistics(terms, recon, target, mask)
+
         parts = []
         for start in range(0, recon.shape[0], chunk):
             args = (recon[start : start + chunk], tgt[start : start + chunk], frames_mask[start : start + chunk])
-            parts.append(checkpoint(self._sums, *args, use_reentrant=False) if recompute else self._sums(*args))
-        # Sums, not means, are accumulated so that the chunk size cannot change the result.
-        numerator, denominator = (sum(sums) for sums in zip(*parts, strict=True))
-        weights = torch.tensor(self.layer_weights, device=numerator.device)
-        # A fully masked batch has nothing to compare: 0, not 0/0.
-        return (weights * numerator / denominator.clamp_min(1e-12)).sum()
+            parts.append(checkpoint(statistics, *args, use_reentrant=False) if recompute else statistics(*args))
+        return [term.value([part[index] for part in parts], b) for index, term in enumerate(terms)]
 
-    def _sums(self, recon: Tensor, target: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Per layer: the sum of mask-weighted |feature difference| and the sum of the weights (its normaliser)."""
+    def _statistics(
+        self, terms: Sequence[FeatureTerm], recon: Tensor, target: Tensor, mask: Tensor
+    ) -> list[tuple[Tensor, ...]]:
+        """Every term's statistics of one chunk of frames."""
         multiple = 8 if self.channels_last else 1
         with torch.no_grad():
             target_features = self.vgg(self._normalize(target), multiple)
+        features = self.vgg(self._normalize(recon), multiple)
+        # The mask at each layer's resolution: the fraction of counted pixels under each feature.
+        weights = [F.adaptive_avg_pool2d(mask, f.shape[-2:]) for f in features]
+        return [term.statistics(features, target_features, weights) for term in terms]
+
+    def _normalize(self, x: Tensor) -> Tensor:
+        x = (x.to(self.shift.dtype) - self.shift) / self.scale
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+
+def _check_frame_chunk(frame_chunk: int | None) -> None:
+    if frame_chunk is not None and frame_chunk < 1:
+        raise ValueError(f"frame_chunk must be a positive number of frames or None, got {frame_chunk}")
+
+
+def checked_layer_weights(layer_weights: Sequence[float]) -> tuple[float, ...]:
+    """One float per VGG16 layer (tapped activation), else ``ValueError``."""
+    if len(layer_weights) != len(TAPS):
+        raise ValueError(f"layer_weights needs {len(TAPS)} values (one per VGG16 layer), got {len(layer_weights)}")
+    return tuple(float(weight) for weight in layer_weights)
+
+
+class PerceptualDistance(FeatureTerm):
+    """Weighted sum over the five VGG16 layers of the (masked) mean absolute feature difference of all frames."""
+
+    def __init__(self, layer_weights: Sequence[float] = DEFAULT_LAYER_WEIGHTS) -> None:
+        super().__init__()
+        self.layer_weights = checked_layer_weights(layer_weights)
+
+    def statistics(
+        self, reconstruction: list[Tensor], target: list[Tensor], weights: list[Tensor]
+    ) -> tuple[Tensor, ...]:
+        """Per layer: the sum of mask-weighted |feature difference| and the sum of the weights (its normaliser)."""
         numerators, denominators = [], []
-        for rec, tgt in zip(self.vgg(self._normalize(recon), multiple), target_features, strict=True):
-            # The mask at this layer's resolution: the fraction of counted pixels under each feature.
-            weight = F.adaptive_avg_pool2d(mask, rec.shape[-2:])
+        for rec, tgt, weight in zip(reconstruction, target, weights, strict=True):
             # Channels first: the contiguous axis of NHWC features; one weighted sum over all elements was
             # far slower under Inductor (docs/benchmarks.md).
             distance = (rec.float() - tgt.float()).abs().sum(dim=1)  # [N, H, W]
@@ -220,21 +271,49 @@ class PerceptualLoss(nn.Module):
             denominators.append(weight.sum() * rec.shape[1])
         return torch.stack(numerators), torch.stack(denominators)
 
-    def _normalize(self, x: Tensor) -> Tensor:
-        x = (x.to(self.shift.dtype) - self.shift) / self.scale
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+    def value(self, chunks: list[tuple[Tensor, ...]], clips: int) -> Tensor:
+        # Sums, not means, are accumulated so that the chunk size cannot change the result.
+        numerator, denominator = (sum(sums) for sums in zip(*chunks, strict=True))
+        weights = torch.tensor(self.layer_weights, device=numerator.device)
+        # A fully masked batch has nothing to compare: 0, not 0/0.
+        return (weights * numerator / denominator.clamp_min(1e-12)).sum()
+
+
+class PerceptualLoss(VGG16Pass):
+    """The perceptual distance (:class:`PerceptualDistance`) on a VGG16 pass of its own: for evaluation and
+    tests; training runs the terms through the Loss module's shared pass."""
+
+    def __init__(
+        self,
+        weights_path: str | None = None,
+        layer_weights: Sequence[float] = DEFAULT_LAYER_WEIGHTS,
+        frame_chunk: int | None = None,
+        vgg: VGG16Features | None = None,
+        channels_last: bool = False,
+    ) -> None:
+        distance = PerceptualDistance(layer_weights)
+        _check_frame_chunk(frame_chunk)
+        # ``vgg`` (a ready network, e.g. random weights for timing) skips reading the weights file.
+        vgg = vgg if vgg is not None else load_vgg16_features(find_vgg16_weights(weights_path))
+        super().__init__(vgg, frame_chunk, channels_last)
+        self.distance = distance
+
+    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
+        """fp32 scalar loss of videos ``[B, 3, T, H, W]`` in [-1, 1]; ``mask`` ``[B, 1, T, H, W]``, 1 = counts."""
+        return super().forward(reconstruction, target, mask, [self.distance])[0]
 
 
 @dataclass
 class PerceptualConfig(TermConfig):
-    """VGG16 feature L1 (relu1_2..relu5_3, LPIPS input scaling) of the Cosmos post-training recipe; at weight 0
-    it needs no weights file."""
+    """VGG16 feature L1 (relu1_2..relu5_3, LPIPS input scaling) of the Cosmos post-training recipe; its VGG16
+    settings also serve loss.gram. With both at weight 0 no weights file is needed."""
 
     weight: float = 0.1
     weights_path: Optional[str] = None
-    """torchvision's ImageNet VGG16 file (vgg16-397923af.pth); None looks in the torch hub cache."""
+    """torchvision's ImageNet VGG16 file (vgg16-397923af.pth); None looks in the torch hub cache. Also read by
+    loss.gram."""
     frame_chunk: Optional[int] = None
-    """Run the VGG over at most this many frames at once (saves memory, same result)."""
+    """Run the VGG over at most this many frames at once (saves memory, same result); for loss.gram too."""
 
     def problems(self, key: str) -> list[str]:
         problems = super().problems(key)
@@ -243,9 +322,19 @@ class PerceptualConfig(TermConfig):
         return problems
 
 
-class PerceptualTerm(LossTerm):
-    """:class:`PerceptualLoss` as a loss term: the weights file is found at launch, the VGG16 is read and
-    built the first time the term's weight is non-zero.
+class PerceptualTerm(PerceptualDistance):
+    """:class:`PerceptualDistance` (the Cosmos recipe's layer weights) as a loss term; the Loss module's
+    :class:`SharedVGG16` computes it together with the other VGG16 terms."""
+
+    def __init__(self, config: PerceptualConfig) -> None:
+        super().__init__(DEFAULT_LAYER_WEIGHTS)
+        self.config = config
+
+
+class SharedVGG16(nn.Module):
+    """The VGG16 pass of every :class:`FeatureTerm` of a Loss, set by ``loss.perceptual`` (``weights_path``,
+    ``frame_chunk``) whether or not the perceptual term itself is on: the weights file is found at launch
+    (:meth:`check`), the network read and built the first time one of these terms has a non-zero weight.
 
     ``channels_last`` (set by the acceleration switches) feeds the VGG NHWC images.
     """
@@ -254,7 +343,7 @@ class PerceptualTerm(LossTerm):
         super().__init__()
         self.config = config
         self.channels_last = False
-        self.loss: PerceptualLoss | None = None
+        self.network: VGG16Pass | None = None
 
     def check(self) -> None:
         # The file's keys and shapes, read through a memory map: a wrong file fails at launch, and the
@@ -262,12 +351,15 @@ class PerceptualTerm(LossTerm):
         read_vgg16_features(find_vgg16_weights(self.config.weights_path), mmap=True)
 
     def prepare(self, device: torch.device) -> None:
-        if self.loss is None:
-            self.loss = PerceptualLoss(self.config.weights_path, frame_chunk=self.config.frame_chunk)
-        self.loss.channels_last = self.channels_last
-        self.loss.to(device)
+        if self.network is None:
+            vgg = load_vgg16_features(find_vgg16_weights(self.config.weights_path))
+            self.network = VGG16Pass(vgg, frame_chunk=self.config.frame_chunk)
+        self.network.channels_last = self.channels_last
+        self.network.to(device)
 
-    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
-        if self.loss is None:
-            raise RuntimeError("PerceptualTerm.prepare() must run before the first forward")
-        return self.loss(reconstruction, target, mask)
+    def forward(
+        self, reconstruction: Tensor, target: Tensor, mask: Tensor, terms: Sequence[FeatureTerm]
+    ) -> list[Tensor]:
+        if self.network is None:
+            raise RuntimeError("SharedVGG16.prepare() must run before the first forward")
+        return self.network(reconstruction, target, mask, terms)

@@ -276,6 +276,9 @@ def train(
                 problems.check(lambda: check_data(data, par.world_size if par else 1, trainer.seed))
                 pl.seed_everything(trainer.seed, workers=True, verbose=False)
                 problems.check(lambda: build_loss(loss))  # its weight files on their own: the module stops at the first
+                if trainer.max_steps > 0:
+                    for note in loss.unreached_changes(trainer.max_steps):
+                        warnings.warn(note, stacklevel=2)
                 # Built before the verdict: it loads the checkpoint (its fit).
                 module = problems.check(
                     lambda: TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)

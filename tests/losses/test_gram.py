@@ -1,0 +1,210 @@
+"""The Gram-matrix loss: hand-computed values, masking, chunking, gradients, and its share of the VGG16 pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.losses.test_perceptual import SCALE, SHIFT, random_vgg16_state, videos
+from tokenizer_posttrain.losses import LossConfig, build_loss
+from tokenizer_posttrain.losses.gram import GramConfig, GramTerm, gram_distance, weighted_gram_sums
+from tokenizer_posttrain.losses.perceptual import (
+    DEFAULT_LAYER_WEIGHTS,
+    VGG16_FILE,
+    PerceptualConfig,
+    VGG16Pass,
+    load_vgg16_features,
+)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def weights_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("vgg") / VGG16_FILE
+    torch.save(random_vgg16_state(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def vgg(weights_file: Path) -> VGG16Pass:
+    return VGG16Pass(load_vgg16_features(weights_file))
+
+
+def gram_loss(vgg: VGG16Pass, recon: torch.Tensor, target: torch.Tensor, mask=None, temporal=True) -> torch.Tensor:  # noqa: ANN001
+    return vgg(recon, target, mask, [GramTerm(GramConfig(1.0, temporal=temporal))])[0]
+
+
+def reference(weights_file: Path, recon: torch.Tensor, target: torch.Tensor, temporal: bool) -> torch.Tensor:
+    """NVIDIA's trainers' formula without a mask, written out: Grams of the features over (t x) h x w,
+    mean squared difference, layer-weighted sum, mean over clips (or frames)."""
+    b, _, t, _, _ = recon.shape
+    net = load_vgg16_features(weights_file)
+    frames = [((v.transpose(1, 2).flatten(0, 1)) - SHIFT) / SCALE for v in (recon, target)]
+    total = torch.zeros(())
+    with torch.no_grad():
+        for weight, rec, tgt in zip(DEFAULT_LAYER_WEIGHTS, *(net(f) for f in frames), strict=True):
+            n, c, h, w = rec.shape
+            if temporal:  # [B, C, T*h*w]: one Gram per clip
+                rec, tgt = (f.view(b, t, c, h * w).transpose(1, 2).reshape(b, c, t * h * w) for f in (rec, tgt))
+            else:
+                rec, tgt = (f.view(n, c, h * w) for f in (rec, tgt))
+            grams = [torch.einsum("ncp,ndp->ncd", f, f) / f.shape[-1] for f in (rec, tgt)]
+            total = total + weight * (grams[0] - grams[1]).square().mean()
+    return total
+
+
+def test_a_gram_matrix_by_hand() -> None:
+    # One channel, two positions: Gram = mean of f^2. Reconstruction (1, 1) -> 1, target (0, 2) -> 2.
+    rec, tgt = torch.tensor([1.0, 1.0]).view(1, 1, 1, 2), torch.tensor([0.0, 2.0]).view(1, 1, 1, 2)
+    ones = torch.ones(1, 1, 1, 2)
+    sums = [weighted_gram_sums(f, ones) for f in (rec, tgt)]
+    assert sums[0].item() == 2.0 and sums[1].item() == 4.0
+    assert gram_distance(sums[0], sums[1], ones.sum(dim=(1, 2, 3))).item() == 1.0
+    # Counting only the second position: Grams 1 and 4, difference 9.
+    half = torch.tensor([0.0, 1.0]).view(1, 1, 1, 2)
+    sums = [weighted_gram_sums(f, half) for f in (rec, tgt)]
+    assert gram_distance(sums[0], sums[1], half.sum(dim=(1, 2, 3))).item() == 9.0
+
+
+def test_weighted_gram_sums_are_the_einsum_of_the_features() -> None:
+    features = torch.randn(3, 4, 5, 6)
+    weight = torch.rand(3, 1, 5, 6)
+    expected = torch.einsum("nchw,ndhw,nhw->ncd", features, features, weight[:, 0])
+    torch.testing.assert_close(weighted_gram_sums(features, weight), expected)
+    nhwc = features.contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(weighted_gram_sums(nhwc, weight), expected)
+
+
+@pytest.mark.parametrize("temporal", [True, False])
+def test_matches_the_trainers_formula_without_a_mask(weights_file: Path, vgg: VGG16Pass, temporal: bool) -> None:
+    target, noise = videos(b=2, t=3)
+    recon = target + 0.2 * noise
+    expected = reference(weights_file, recon, target, temporal)
+    assert expected > 0
+    torch.testing.assert_close(gram_loss(vgg, recon, target, temporal=temporal), expected, rtol=1e-4, atol=0)
+    ones = torch.ones(2, 1, 3, 16, 16)
+    torch.testing.assert_close(gram_loss(vgg, recon, target, ones, temporal), expected, rtol=1e-4, atol=0)
+
+
+def test_zero_for_identical_videos(vgg: VGG16Pass) -> None:
+    target, _ = videos()
+    assert gram_loss(vgg, target, target).item() == 0
+    assert gram_loss(vgg, target, target, temporal=False).item() == 0
+
+
+@pytest.mark.parametrize("temporal", [True, False])
+def test_masked_out_pixels_change_nothing(vgg: VGG16Pass, temporal: bool) -> None:
+    target, noise = videos(b=2, t=3)
+    recon = target + 0.1 * noise
+    mask = torch.ones(2, 1, 3, 16, 16)
+    mask[0, :, 1] = 0
+    mask[1, :, 2] = 0
+    changed = recon.clone()
+    changed[0, :, 1] = torch.rand(3, 16, 16) * 2 - 1
+    changed[1, :, 2] = -1
+    masked = gram_loss(vgg, recon, target, mask, temporal)
+    torch.testing.assert_close(gram_loss(vgg, changed, target, mask, temporal), masked)
+    assert gram_loss(vgg, changed, target, temporal=temporal) != gram_loss(vgg, recon, target, temporal=temporal)
+    # Nothing counted: 0, not NaN.
+    assert gram_loss(vgg, recon, target, torch.zeros_like(mask), temporal).item() == 0
+
+
+def test_a_masked_out_feature_position_changes_nothing() -> None:
+    # At feature level (where a mask of padding becomes weights 0): a weight-0 position does not enter the Gram.
+    features = [torch.randn(2, 4, 3, 3) for _ in range(5)]
+    target = [torch.randn(2, 4, 3, 3) for _ in range(5)]
+    weights = [torch.ones(2, 1, 3, 3) for _ in range(5)]
+    for weight in weights:
+        weight[1, :, 0, 0] = 0
+    term = GramTerm(GramConfig(1.0))
+    before = term.value([term.statistics(features, target, weights)], clips=1)
+    for f in features:
+        f[1, :, 0, 0] = 100.0
+    torch.testing.assert_close(term.value([term.statistics(features, target, weights)], clips=1), before)
+
+
+def test_frame_chunks_give_the_same_value_and_gradients(weights_file: Path) -> None:
+    # float64, as the perceptual test: float32 rounding could flip a max-pool choice between the two runs.
+    target, noise = (v.double() for v in videos(b=2, t=3))
+    mask = (torch.rand(2, 1, 3, 16, 16, generator=torch.Generator().manual_seed(1)) > 0.3).double()
+    values, grads = [], []
+    for chunk in (None, 2):  # chunks of 2 frames cut the clips of 3
+        recon = (target + 0.1 * noise).requires_grad_(True)
+        value = VGG16Pass(load_vgg16_features(weights_file), frame_chunk=chunk).double()(
+            recon, target, mask, [GramTerm(GramConfig(1.0))]
+        )[0]
+        value.backward()
+        values.append(value.detach())
+        grads.append(recon.grad)
+    torch.testing.assert_close(values[1], values[0], rtol=1e-10, atol=0)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-15)
+
+
+def test_gradients_reach_the_reconstruction_only(vgg: VGG16Pass) -> None:
+    target, noise = videos()
+    recon = (target + 0.1 * noise).requires_grad_(True)
+    gram_loss(vgg, recon, target).backward()
+    assert recon.grad is not None and recon.grad.abs().sum() > 0
+    assert all(p.grad is None for p in vgg.parameters())
+
+
+def test_bf16_autocast_returns_fp32(vgg: VGG16Pass) -> None:
+    target, noise = videos(b=1, t=2)
+    recon = target + 0.3 * noise
+    reference_value = gram_loss(vgg, recon, target)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        value = gram_loss(vgg, recon, target)
+    assert value.dtype == torch.float32
+    torch.testing.assert_close(value, reference_value, rtol=0.1, atol=0)
+
+
+def test_perceptual_and_gram_share_one_vgg16_pass(weights_file: Path) -> None:
+    path = str(weights_file)
+    loss = build_loss(LossConfig(perceptual=PerceptualConfig(0.1, weights_path=path), gram=GramConfig(0.5)))
+    weights = loss.prepare(0, CPU)
+    assert weights == {"l1": 1.0, "perceptual": 0.1, "gram": 0.5}
+    assert loss.vgg is not None and loss.vgg.network is not None
+    calls = []
+    hook = loss.vgg.network.vgg.register_forward_hook(lambda *_: calls.append(1))
+    target, noise = videos(b=1, t=2)
+    recon, mask = target + 0.1 * noise, torch.ones(1, 1, 2, 16, 16)
+    terms = loss(recon, target, mask, weights)
+    hook.remove()
+    assert len(calls) == 2  # the target's features and the reconstruction's, once each
+    alone = VGG16Pass(load_vgg16_features(weights_file))
+    torch.testing.assert_close(terms["gram"], gram_loss(alone, recon, target, mask))
+    total = terms["l1"] + 0.1 * terms["perceptual"] + 0.5 * terms["gram"]
+    torch.testing.assert_close(terms["loss"], total)
+
+
+def test_gram_alone_still_needs_and_builds_the_vgg16(weights_file: Path, tmp_path: Path) -> None:
+    # loss.perceptual at weight 0 sets the network for loss.gram: its file is checked at launch.
+    missing = PerceptualConfig(0.0, weights_path=str(tmp_path / "gone.pth"))
+    with pytest.raises(FileNotFoundError, match="gone.pth") as err:
+        build_loss(LossConfig(perceptual=missing, gram=GramConfig(0.5)))
+    assert "loss.gram.weight=0" in str(err.value)
+    loss = build_loss(LossConfig(perceptual=PerceptualConfig(0.0, weights_path=str(weights_file)), gram=GramConfig(1)))
+    assert set(loss.terms) == {"l1", "gram"} and loss.vgg is not None
+    weights = loss.prepare(0, CPU)
+    assert loss.vgg.network is not None
+    target, noise = videos(b=1, t=2)
+    terms = loss(target + 0.1 * noise, target, torch.ones(1, 1, 2, 16, 16), weights)
+    assert set(terms) == {"l1", "gram", "loss"} and terms["gram"] > 0
+
+
+def test_weight_zero_builds_nothing() -> None:
+    loss = build_loss(LossConfig(perceptual_weight=0.0, gram=GramConfig(0.0, temporal=False)))
+    assert "gram" not in loss.terms and loss.vgg is None
+    assert GramConfig().weight == 0.0 and not GramConfig().ever_on
+
+
+def test_a_scheduled_gram_term_joins_at_its_boundary(weights_file: Path) -> None:
+    perceptual = PerceptualConfig(0.0, weights_path=str(weights_file))
+    loss = build_loss(LossConfig(perceptual=perceptual, gram=GramConfig(boundaries=[3], values=[0.0, 0.2])))
+    assert loss.vgg is not None
+    assert loss.prepare(3, CPU) == {"l1": 1.0} and loss.vgg.network is None
+    assert loss.prepare(4, CPU) == {"l1": 1.0, "gram": 0.2} and loss.vgg.network is not None
