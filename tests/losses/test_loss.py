@@ -26,7 +26,7 @@ def weights_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_term_is_a_config_field() -> None:
     config = LossConfig()
-    assert list(TERMS) == ["l1", "perceptual", "gram", "high_freq"]
+    assert list(TERMS) == ["l1", "perceptual", "gram", "high_freq", "consistency"]
     assert all(hasattr(config, name) for name in TERMS)
 
 

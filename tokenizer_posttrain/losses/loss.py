@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .consistency import ConsistencyConfig, ConsistencyTerm, ConsistencyWindows
 from .gram import GramConfig, GramTerm
 from .high_freq import HighFreqConfig, HighFreqLoss
 from .l1 import L1Config, L1Loss
@@ -19,6 +20,7 @@ TERMS: dict[str, type[LossTerm]] = {
     "perceptual": PerceptualTerm,
     "gram": GramTerm,
     "high_freq": HighFreqLoss,
+    "consistency": ConsistencyTerm,
 }
 """Term name (also its ``LossConfig`` field and its ``train/<name>`` metric) -> class, in the order the
 total sums them."""
@@ -39,6 +41,9 @@ class LossConfig:
     both; NVIDIA's trainers use 0 up to step 500000, then 0.062); weight 0 (default): off."""
     high_freq: HighFreqConfig = field(default_factory=HighFreqConfig)
     """L1 between the frames' Laplacians, for edges and fine detail (NVIDIA's trainer); weight 0 (default): off."""
+    consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
+    """Overlapping windows of a clip (``window`` frames every ``step``), reconstructed on their own, must agree on
+    their shared frames and CV latents (NVIDIA's trainers ship it off); weight 0 (default): off, no extra pass."""
     l1_weight: Optional[float] = None
     """Shorthand for loss.l1.weight (kept from earlier releases); moved into loss.l1 when the config is made."""
     perceptual_weight: Optional[float] = None
@@ -130,11 +135,24 @@ class Loss(nn.Module):
             self.vgg.prepare(device)
         return weights
 
+    def consistency(self, weights: dict[str, float]) -> Optional[ConsistencyTerm]:
+        """The consistency term when ``weights`` (from :meth:`prepare`) has it on: then the step cuts the clip's
+        windows (:meth:`ConsistencyTerm.cut`) and runs the network on them; else None (no extra pass)."""
+        term = self.terms["consistency"] if "consistency" in weights else None
+        assert term is None or isinstance(term, ConsistencyTerm)
+        return term
+
     def forward(
-        self, reconstruction: Tensor, target: Tensor, mask: Tensor, weights: dict[str, float]
+        self,
+        reconstruction: Tensor,
+        target: Tensor,
+        mask: Tensor,
+        weights: dict[str, float],
+        windows: Optional[ConsistencyWindows] = None,
     ) -> dict[str, Tensor]:
         """``{term: value, ..., "loss": sum of weight x value}`` over the terms of ``weights``
-        (from :meth:`prepare`)."""
+        (from :meth:`prepare`); ``windows``: the network's outputs on the clip's windows, when
+        :meth:`consistency` is on."""
         terms: dict[str, Tensor] = {}
         total: Tensor | None = None
         on_features = [name for name in weights if name in self.feature_terms]
@@ -144,7 +162,15 @@ class Loss(nn.Module):
             values = self.vgg(reconstruction, target, mask, [self.terms[name] for name in on_features])
             shared = dict(zip(on_features, values, strict=True))
         for name, weight in weights.items():
-            terms[name] = value = shared[name] if name in shared else self.terms[name](reconstruction, target, mask)
+            if name in shared:
+                value = shared[name]
+            elif name == "consistency":
+                if windows is None:
+                    raise ValueError("loss.consistency is on at this step but no window outputs were given")
+                value = self.terms[name](windows, mask)
+            else:
+                value = self.terms[name](reconstruction, target, mask)
+            terms[name] = value
             total = weight * value if total is None else total + weight * value
         if total is None:
             raise ValueError("no loss term is active at this step")

@@ -18,6 +18,7 @@ from ..data.batch import LOSS_MASK, VIDEO
 from ..evaluation.metrics import video_psnr, video_ssim
 from ..io.checkpoint import CONFIG_KEY, TRAIN_OVERRIDES, load_tokenizer
 from ..losses import Loss, LossConfig, build_loss
+from ..losses.consistency import ConsistencyWindows
 from ..network import CausalVideoTokenizer, build_tokenizer
 from .acceleration import StepAcceleration
 from .config import ModelConfig, OptimConfig
@@ -84,13 +85,30 @@ class TokenizerModel(pl.LightningModule):
             return self.network.decode(latent)
         return self.network(video)
 
+    def consistency_windows(self, video: Tensor, weights: dict[str, float]) -> ConsistencyWindows | None:
+        """The network's outputs on the overlapping windows of every clip, all in one batch (one more network
+        pass), when ``loss.consistency`` is on in ``weights``; else None, at no cost."""
+        term = self.loss.consistency(weights)
+        if term is None:
+            return None
+        windows = term.cut(video)
+        if self.model_config.trainable == "decoder" and self.training:
+            with torch.no_grad():
+                latent = self.network.encoding(windows).latent
+        else:
+            latent = self.network.encoding(windows).latent
+        # DV: pixels only (the codes are quantized, FSQ levels; they agree or not through the pixels).
+        return ConsistencyWindows(self.network.decode(latent), None if self.network.is_discrete else latent)
+
     def losses(self, reconstruction: Tensor, video: Tensor, mask: Tensor) -> dict[str, Tensor]:
         """Every loss term active at the current step, and their total ``"loss"`` (not compiled)."""
-        return self.loss(reconstruction, video, mask, self.loss.prepare(self.global_step, video.device))
+        weights = self.loss.prepare(self.global_step, video.device)
+        return self.loss(reconstruction, video, mask, weights, self.consistency_windows(video, weights))
 
     def _step_forward(self, video: Tensor, mask: Tensor, weights: dict[str, float]) -> dict[str, Tensor]:
         """Forward of network and loss: the part ``model.compile`` compiles (as one graph, or in pieces)."""
-        return self._loss_call(self.reconstruct(video), video, mask, weights)
+        windows = self.consistency_windows(video, weights)
+        return self._loss_call(self.reconstruct(video), video, mask, weights, windows)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         video, mask = self._input(batch)

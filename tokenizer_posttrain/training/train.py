@@ -108,6 +108,18 @@ def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
         raise ValueError(f"the clip shape does not fit {cfg.name}: {'; '.join(problems)}")
 
 
+def check_consistency_windows(model: ModelConfig, data: DataConfig, loss: LossConfig) -> None:
+    """Fail before launch when loss.consistency (if ever on) cannot cut its windows from the clips."""
+    if not loss.consistency.ever_on:
+        return
+    cfg = get_config(model.model)
+    problems = loss.consistency.clip_problems(
+        "loss.consistency", data.frames, cfg.temporal_compression, continuous=not cfg.is_discrete
+    )
+    if problems:
+        raise ValueError(f"loss.consistency does not fit {cfg.name} clips: {'; '.join(problems)}")
+
+
 def build_datamodule(
     data: DataConfig, model: ModelConfig, seed: int, skip_pickled_states: bool = False
 ) -> pl.LightningDataModule:
@@ -271,6 +283,7 @@ def train(
                 if ckpt_path and not resume.allow_changes:
                     problems.check(lambda: check_same_run(ckpt_path, current_settings(model, data, loss)))
                 problems.check(lambda: check_clip_shape(model, data))
+                problems.check(lambda: check_consistency_windows(model, data, loss))
                 par = problems.check(lambda: resolve_parallelism(trainer, data))
                 model = resolve_compile(model, par.accelerator if par else "cpu")
                 problems.check(lambda: check_data(data, par.world_size if par else 1, trainer.seed))

@@ -1,0 +1,148 @@
+"""Temporal consistency term of NVIDIA's Cosmos tokenizer trainer: overlapping windows of a clip, each reconstructed
+on its own, must agree on the frames they share (and, for continuous tokenizers, on the latent frames they share).
+
+A clip ``[B, 3, T, H, W]`` is cut into the windows of ``window`` frames that start every ``step`` frames
+(0, step, 2 step, ... while the window fits: ``M = (T - window) // step + 1`` of them), all stacked into the batch
+dimension (``[B*M, 3, window, H, W]``, clip-major) so that the network runs once on them. Window ``i + 1`` starts
+``step`` frames after window ``i``: its frames ``0 .. window-step-1`` are window ``i``'s frames
+``step .. window-1``. The term is the mask-weighted L1 between those two reconstructions of the shared frames, over
+every pair of neighbouring windows; for CV tokenizers plus the L1 between the shared latent frames (window ``i``'s
+latent frames from ``step / temporal_compression`` on against window ``i + 1``'s), scaled as NVIDIA's trainer by
+``3 * temporal_compression * spatial_compression**2 / latent channels`` (pixels per latent value).
+
+The network pass on the windows is the training module's (it owns the network); the math is here, pure tensor code.
+"""
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+from torch import Tensor
+
+from .terms import LossTerm, TermConfig
+
+
+@dataclass
+class ConsistencyConfig(TermConfig):
+    """Windows of a clip reconstructed on their own must agree on their shared frames (and CV latents).
+
+    NVIDIA's tokenizer trainers ship it off (``enabled=False``; when enabled, weight 1.0 from step 0, windows of 32
+    frames every 8); weight 0 (default) here: off, and no extra network pass. It costs one more network pass per
+    step, on ``(T - window) // step + 1`` windows of each clip.
+    """
+
+    window: int = 33
+    """Frames per window, ``1 + k * temporal_compression`` (the trainers' 32 is no such length; 33 is, for 4x and
+    8x models), at most ``data.frames - step`` so that a clip holds two windows."""
+    step: int = 8
+    """Frames from one window's start to the next (the trainers' 8), below ``window`` so that windows overlap; for
+    CV models a multiple of the temporal compression, so that the windows' latent frames line up."""
+
+    def problems(self, key: str) -> list[str]:
+        problems = super().problems(key)
+        if self.window < 2:
+            problems.append(f"{key}.window={self.window} must be >= 2 frames (1 + k * temporal compression)")
+        if self.step < 1:
+            problems.append(f"{key}.step={self.step} must be >= 1 frame")
+        elif self.step >= self.window:
+            problems.append(
+                f"{key}.step={self.step} must be < {key}.window={self.window} for windows to overlap; "
+                f"use a step of at most {self.window - 1}"
+            )
+        return problems
+
+    def clip_problems(self, key: str, frames: int, temporal_compression: int, continuous: bool) -> list[str]:
+        """What stops this term on clips of ``frames`` frames (``data.frames``) through a model of this temporal
+        compression, each naming the setting and what to set."""
+        tc, problems = temporal_compression, []
+        if self.window < 1 or (self.window - 1) % tc:
+            lo = 1 + max(self.window - 1, 0) // tc * tc
+            problems.append(f"{key}.window={self.window} is not 1+{tc}k frames (use {lo} or {lo + tc})")
+        if continuous and self.step % tc:
+            lo = self.step // tc * tc
+            use = f"{lo} or {lo + tc}" if lo else f"{tc}"
+            problems.append(
+                f"{key}.step={self.step} is not a multiple of the temporal compression {tc}, so the windows' latent "
+                f"frames do not line up (use {use})"
+            )
+        if self.window + self.step > frames:
+            fit = 1 + (frames - self.step - 1) // tc * tc if frames - self.step >= 1 + tc else None
+            hint = f"set {key}.window={fit}" if fit else f"lower {key}.step"
+            problems.append(
+                f"{key}.window={self.window} + {key}.step={self.step} > data.frames={frames}: a clip holds no two "
+                f"overlapping windows; {hint} or raise data.frames to >= {self.window + self.step}"
+            )
+        return problems
+
+
+class ConsistencyWindows(NamedTuple):
+    """The network's outputs on the windows of :func:`cut_windows`, clip-major."""
+
+    reconstruction: Tensor
+    """``[B*M, 3, window, H, W]``."""
+    latent: Optional[Tensor] = None
+    """CV only: the windows' latents ``[B*M, C, t, h, w]``; None for DV (their codes are quantized: pixels only)."""
+
+
+def window_count(frames: int, window: int, step: int) -> int:
+    """How many windows of ``window`` frames, starting every ``step`` frames, fit in ``frames`` frames."""
+    return (frames - window) // step + 1 if frames >= window else 0
+
+
+def cut_windows(video: Tensor, window: int, step: int) -> Tensor:
+    """``[B, C, T, H, W]`` -> its windows ``[B*M, C, window, H, W]`` (window ``m`` of clip ``b`` at ``b*M + m``;
+    frames ``m*step .. m*step + window - 1``), one copy, no loop."""
+    b, c, t, h, w = video.shape
+    if window_count(t, window, step) < 2:
+        raise ValueError(
+            f"loss.consistency: a clip of {t} frames holds no two windows of {window} frames {step} apart; "
+            f"set loss.consistency.window + loss.consistency.step <= {t}"
+        )
+    # [B, C, M, H, W, window] -> [B, M, C, window, H, W]
+    windows = video.unfold(2, window, step).permute(0, 2, 1, 5, 3, 4)
+    return windows.reshape(-1, c, window, h, w)
+
+
+def _neighbours(x: Tensor, clips: int, shift: int) -> tuple[Tensor, Tensor]:
+    """Of windows ``x`` ``[B*M, C, N, ...]``: window ``i``'s frames from ``shift`` on and window ``i + 1``'s frames up
+    to ``N - shift``, for every ``i < M - 1`` (the frames the two share), as ``[B, M-1, C, N-shift, ...]``."""
+    x = x.reshape(clips, -1, *x.shape[1:])
+    return x[:, :-1, :, shift:], x[:, 1:, :, : x.shape[3] - shift]
+
+
+def consistency_loss(windows: ConsistencyWindows, mask: Tensor, window: int, step: int) -> Tensor:
+    """The consistency term (fp32 scalar) of the outputs ``windows`` on :func:`cut_windows` of clips whose loss mask is
+    ``mask`` ``[B, 1, T, H, W]``: the mean absolute difference of neighbouring windows' reconstructions of their
+    shared frames over the pixels where ``mask`` is 1, plus, with latents, the scaled mean absolute difference of
+    their shared latent frames (unmasked: a latent value stands for many pixels)."""
+    clips = mask.shape[0]
+    earlier, later = _neighbours(windows.reconstruction.float(), clips, step)
+    # The shared frames are the same frames of the clip in both windows: one mask for the pair.
+    _, counted = _neighbours(cut_windows(mask.float(), window, step), clips, step)
+    counted = counted.expand_as(earlier)
+    value = ((earlier - later).abs() * counted).sum() / counted.sum().clamp_min(1)
+    if windows.latent is None:
+        return value
+    latent = windows.latent.float()
+    # A causal window of 1 + k*tc frames has 1 + k latent frames.
+    temporal_compression = (window - 1) // max(latent.shape[2] - 1, 1)
+    earlier_z, later_z = _neighbours(latent, clips, step // temporal_compression)
+    channels, (height, width) = windows.reconstruction.shape[1], windows.reconstruction.shape[-2:]
+    pixels_per_value = channels * temporal_compression * (height // latent.shape[-2]) * (width // latent.shape[-1])
+    return value + (earlier_z - later_z).abs().mean() * (pixels_per_value / latent.shape[1])
+
+
+class ConsistencyTerm(LossTerm):
+    """:func:`consistency_loss` as a loss term. Unlike the other terms it reads the network's outputs on the clip's
+    windows: :class:`~.loss.Loss` hands it the :class:`ConsistencyWindows` the training step made (the step cuts the
+    windows with :meth:`cut` and runs the network on them)."""
+
+    def __init__(self, config: ConsistencyConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    def cut(self, video: Tensor) -> Tensor:
+        """The windows of ``video`` to run the network on."""
+        return cut_windows(video, self.config.window, self.config.step)
+
+    def forward(self, windows: ConsistencyWindows, mask: Tensor) -> Tensor:  # type: ignore[override]
+        return consistency_loss(windows, mask, self.config.window, self.config.step)
