@@ -5,7 +5,9 @@ To add a term: write its sub-config and class (a :class:`~.terms.LossTerm`) in a
 :class:`~.loss.LossConfig` a field for the config and :data:`~.loss.TERMS` one line, and test it in
 ``tests/losses``. Nothing outside this folder changes: the trainer logs every term as ``train/<name>``
 and ``val/<name>``. A term on VGG16 features is a :class:`~.perceptual.FeatureTerm`: the terms of that kind
-active at a step share one VGG16 pass.
+active at a step share one VGG16 pass. The exception to "nothing outside changes" is
+:mod:`.consistency`: its windows need the network, so the training step runs them and hands the outputs to
+``Loss.forward(..., windows=)``; the term's math stays here.
 """
 
 from .loss import TERMS, Loss, LossConfig, build_loss
