@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import os
 import subprocess
 import sys
+import tempfile
+import warnings
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,12 +19,53 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.utils.data import dataloader as torch_dataloader
 
 from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
 from tokenizer_posttrain.io.checkpoint import load_tokenizer
 from tokenizer_posttrain.network import CausalVideoTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Data loader iterators with worker processes, to stop the workers of those a test leaves open (a finished run's
+# loaders, a loader a failed test left behind). Left to the garbage collector, torch stops them from __del__ during
+# a later collection, where each worker ignores the stop and is killed after a 5 s timeout: 10 s for two workers,
+# paid by whichever later test triggers the collection. A fresh process pays nothing: its exit kills them.
+_LOADER_ITERATORS: weakref.WeakSet = weakref.WeakSet()
+_iterator_init = torch_dataloader._MultiProcessingDataLoaderIter.__init__
+
+
+def _tracked_iterator_init(self: object, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
+    _iterator_init(self, *args, **kwargs)
+    _LOADER_ITERATORS.add(self)
+
+
+torch_dataloader._MultiProcessingDataLoaderIter.__init__ = _tracked_iterator_init
+
+
+def open_loader_iterators() -> set[int]:
+    """The ids of the data loader iterators whose workers are running now."""
+    return {id(it) for it in list(_LOADER_ITERATORS) if not it._shutdown}
+
+
+def stop_loader_workers(keep: set[int]) -> None:
+    """Stop the workers of every open data loader iterator but those in ``keep`` (what torch's ``__del__`` does,
+    here at once)."""
+    for it in list(_LOADER_ITERATORS):
+        if id(it) not in keep and not it._shutdown:
+            it._shutdown_workers()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """After each test body, stop the loader workers it left running (see _LOADER_ITERATORS)."""
+    keep = open_loader_iterators()
+    try:
+        return (yield)
+    finally:
+        stop_loader_workers(keep)
+
+
 REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
 TINY = {"CV8x8x8": 16, "DV8x16x16": 16}
 
@@ -48,6 +94,71 @@ def run_cli(
 ) -> subprocess.CompletedProcess:
     """Run ``train_tokenizer.py`` in a fresh process, as a user would."""
     return run_script(str(ROOT / "train_tokenizer.py"), *args, cwd=cwd, timeout=timeout, env=env)
+
+
+@contextlib.contextmanager
+def captured_output() -> Iterator[list[str]]:
+    """What file descriptors 1 and 2 receive inside the block (this process's ``print`` and its child
+    processes', e.g. data loader workers), as ``[stdout, stderr]`` once the block ends; usable where pytest's
+    ``capfd`` is not (module-scoped fixtures)."""
+    files = [tempfile.TemporaryFile() for _ in range(2)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    streams = [io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), line_buffering=True) for fd in (1, 2)]
+    result: list[str] = []
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            for fd, file, name, stream in zip((1, 2), files, ("stdout", "stderr"), streams, strict=True):
+                os.dup2(file.fileno(), fd)
+                patch.setattr(sys, name, stream)
+            try:
+                yield result
+            finally:
+                for stream in streams:
+                    stream.flush()
+    finally:
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+        for file in files:
+            file.seek(0)
+            result.append(file.read().decode("utf-8", errors="replace"))
+            file.close()
+
+
+def run_cli_here(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``train_tokenizer.py ARGS`` in this process: the same command line (NeMo-Run's parser through
+    ``commands.train_cli.run_cli``, the default recipe, ``train``) without the 5-8 s of imports a fresh
+    process pays, for runs whose point is not a fresh process. Runs in ``cwd`` with ``env`` added, and puts
+    back the environment (``train`` sets seed variables) and the working directory afterwards. stdout and
+    stderr are what the file descriptors received (loader workers' output too); warnings, which pytest
+    would otherwise collect, are appended to stderr as Python prints them."""
+    import recipes
+    from tokenizer_posttrain.commands.train_cli import run_cli as cli
+    from tokenizer_posttrain.training.train import train
+
+    environ = dict(os.environ)
+    keep = open_loader_iterators()
+    try:
+        with (
+            pytest.MonkeyPatch.context() as patch,
+            warnings.catch_warnings(record=True) as caught,
+            captured_output() as output,
+        ):
+            warnings.simplefilter("default")
+            patch.chdir(cwd)
+            patch.setattr(sys, "argv", [str(ROOT / "train_tokenizer.py")])  # run_cli rewrites it
+            for key, value in (env or {}).items():
+                patch.setenv(key, value)
+            code = cli(train, recipes.cv8x8x8.cv8x8x8, list(args))
+    finally:
+        stop_loader_workers(keep)  # the run is over: its loaders' workers stop as they would at the process's exit
+        os.environ.clear()
+        os.environ.update(environ)
+    out, err = output
+    err += "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
+    return subprocess.CompletedProcess(["train_tokenizer.py", *args], code, out, err)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, str]]:
