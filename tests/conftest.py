@@ -127,13 +127,20 @@ def captured_output() -> Iterator[list[str]]:
             file.close()
 
 
+def _print_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:  # noqa: ANN401
+    """Python's own way of showing a warning (to ``sys.stderr``), where pytest would record it instead."""
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def run_cli_here(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``train_tokenizer.py ARGS`` in this process: the same command line (NeMo-Run's parser through
     ``commands.train_cli.run_cli``, the default recipe, ``train``) without the 5-8 s of imports a fresh
     process pays, for runs whose point is not a fresh process. Runs in ``cwd`` with ``env`` added, and puts
     back the environment (``train`` sets seed variables) and the working directory afterwards. stdout and
     stderr are what the file descriptors received (loader workers' output too); warnings, which pytest
-    would otherwise collect, are appended to stderr as Python prints them."""
+    would otherwise collect, go to stderr as they happen, as Python prints them."""
     import recipes
     from tokenizer_posttrain.commands.train_cli import run_cli as cli
     from tokenizer_posttrain.training.train import train
@@ -143,10 +150,11 @@ def run_cli_here(*args: str, cwd: Path, env: dict[str, str] | None = None) -> su
     try:
         with (
             pytest.MonkeyPatch.context() as patch,
-            warnings.catch_warnings(record=True) as caught,
+            warnings.catch_warnings(),
             captured_output() as output,
         ):
             warnings.simplefilter("default")
+            warnings.showwarning = _print_warning
             patch.chdir(cwd)
             patch.setattr(sys, "argv", [str(ROOT / "train_tokenizer.py")])  # run_cli rewrites it
             for key, value in (env or {}).items():
@@ -157,7 +165,6 @@ def run_cli_here(*args: str, cwd: Path, env: dict[str, str] | None = None) -> su
         os.environ.clear()
         os.environ.update(environ)
     out, err = output
-    err += "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
     return subprocess.CompletedProcess(["train_tokenizer.py", *args], code, out, err)
 
 
