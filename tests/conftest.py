@@ -223,6 +223,19 @@ def fit(
     return trainer
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread_in_this_process() -> Iterator[None]:
+    """Everything that runs in the test process (tiny networks, the in-process command lines) runs on one torch
+    thread. With two, OpenMP's second thread spins at every barrier while another process holds the other core
+    (a loader worker, a fresh process of another test, anything else on the machine): the same 4-step fit of a
+    tiny CV8x8x8 took 1.1 s, 7.5 s or 44 s from one run to the next, and 1.1 s every time on one thread. Fresh
+    processes (the CLI runs that stay fresh, torchrun) keep torch's default."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread() -> Iterator[None]:
     """For modules of tiny convolutions: on a busy 2-core machine a second torch thread only spins
