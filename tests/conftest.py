@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import csv
 import io
 import os
@@ -83,10 +84,21 @@ def model_name(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.fixture(scope="session")
+def loaded_tiny_networks() -> dict[str, CausalVideoTokenizer]:
+    """Each reference tiny model as load_tokenizer gave it, once a session (never handed out itself)."""
+    return {}
+
+
 @pytest.fixture
-def tiny_network(model_name: str) -> CausalVideoTokenizer:
-    """The reference tiny model (width 16) with the reference weights, in eval mode."""
-    return load_tokenizer(reference_weights(model_name), channels=TINY[model_name]).eval()
+def tiny_network(model_name: str, loaded_tiny_networks: dict[str, CausalVideoTokenizer]) -> CausalVideoTokenizer:
+    """The reference tiny model (width 16) with the reference weights, in eval mode: each test gets its own copy
+    of the network loaded once a session (loading matches the file against every model's layout, twice the
+    time of the copy)."""
+    if model_name not in loaded_tiny_networks:
+        loaded = load_tokenizer(reference_weights(model_name), channels=TINY[model_name]).eval()
+        loaded_tiny_networks[model_name] = loaded
+    return copy.deepcopy(loaded_tiny_networks[model_name])
 
 
 def run_cli(
