@@ -236,26 +236,22 @@ def fit(
 
 
 @pytest.fixture(scope="session", autouse=True)
-def one_torch_thread_in_this_process() -> Iterator[None]:
-    """Everything that runs in the test process (tiny networks, the in-process command lines) runs on one torch
-    thread. With two, OpenMP's second thread spins at every barrier while another process holds the other core
-    (a loader worker, a fresh process of another test, anything else on the machine): the same 4-step fit of a
-    tiny CV8x8x8 took 1.1 s, 7.5 s or 44 s from one run to the next, and 1.1 s every time on one thread. Fresh
-    processes (the CLI runs that stay fresh, torchrun) keep torch's default."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
 def one_torch_thread() -> Iterator[None]:
-    """For modules of tiny convolutions: on a busy 2-core machine a second torch thread only spins
-    (measured 30-50x slower), so these run on one thread and restore the setting afterwards."""
-    threads = torch.get_num_threads()
+    """Torch runs on one thread in the test process and in the processes it starts (OMP_NUM_THREADS=1, as torchrun
+    sets for its ranks anyway). With two, OpenMP's second thread spins at every barrier while another process holds
+    the other core (a loader worker, a fresh process of a test, anything else on the machine): the same 4-step fit
+    of a tiny CV8x8x8 took 1.1 s, 7.5 s or 44 s from one run to the next, and 1.1 s every time on one thread. Every
+    process of a test on the same thread count also computes the same sums in the same order (a fresh process's
+    outputs are compared with this one's)."""
+    threads, variable = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
     yield
     torch.set_num_threads(threads)
+    if variable is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = variable
 
 
 def run_script(
