@@ -118,11 +118,14 @@ def write_energon_dataset(
     root: Path, train: dict[str, bytes], val: dict[str, bytes] | None = None, train_shards: int = 1
 ) -> Path:
     """A prepared energon dataset: ``train.tar`` (and ``val.tar``) holding ``<key>.mp4`` members; with
-    ``train_shards`` > 1 the train videos are dealt in order into ``train0.tar``, ``train1.tar``, ..."""
-    import subprocess
-    import sys
+    ``train_shards`` > 1 the train videos are dealt in order into ``train0.tar``, ``train1.tar``, ...
+
+    Prepared by ``energon prepare`` with the flags a user types, run in this process (energon's own click
+    command, as data_tools does): a fresh ``energon`` process spends 2-3 s importing torch again."""
+    import contextlib
 
     import webdataset as wds
+    from megatron.energon.tools.prepare import command
 
     root.mkdir(parents=True, exist_ok=True)
     keys = list(train)
@@ -136,12 +139,16 @@ def write_energon_dataset(
         with wds.TarWriter(str(root / f"{name}.tar")) as writer:
             for key, data in videos.items():
                 writer.write({"__key__": key, "mp4": data})
-    energon = Path(sys.executable).with_name("energon")
-    args = [str(energon), "prepare", "--non-interactive", "--sample-type", "CrudeWebdataset"]
+    args = ["--non-interactive", "--no-progress", "--sample-type", "CrudeWebdataset"]
     args += ["--split-parts", "train:train.tar" if train_shards == 1 else f"train:train{{0..{train_shards - 1}}}.tar"]
     if val:
         args += ["--split-parts", "val:val.tar"]
-    subprocess.run([*args, str(root)], check=True, capture_output=True, cwd=root)
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(log):  # energon narrates every step; shown only on failure
+            command.main([*args, str(root)], prog_name="energon prepare", standalone_mode=False)
+    except BaseException as err:
+        raise RuntimeError(f"energon prepare {root} failed: {err!r}\n{log.getvalue()[-3000:]}") from err
     return root
 
 

@@ -1,4 +1,5 @@
-"""The real command line, in fresh processes: smoke run, resume, overrides and failures."""
+"""The real command line: smoke run, resume, overrides and failures. Runs in this process, except where a fresh
+process is the point (bad input in a fresh process, the two torchrun processes)."""
 
 import csv
 import dataclasses
@@ -10,7 +11,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from tests.conftest import read_metrics, run_cli, run_torchrun
+from tests.conftest import read_metrics, run_cli, run_cli_here, run_torchrun
 from tokenizer_posttrain.commands.train_cli import run_cli as run_cli_in_process
 from tokenizer_posttrain.network import build_tokenizer
 from tokenizer_posttrain.training.train import train
@@ -19,7 +20,7 @@ from tokenizer_posttrain.training.train import train
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     workdir = tmp_path_factory.mktemp("cli")
-    result = run_cli(
+    result = run_cli_here(
         "--factory",
         "tiny",
         "trainer.max_steps=30",
@@ -54,7 +55,7 @@ def test_smoke_run_trains_checkpoints_and_exports(first_run: tuple[Path, object]
 def test_second_run_in_the_same_folder_resumes(first_run: tuple[Path, object]) -> None:
     run_dir, first = first_run
     assert first.returncode == 0
-    result = run_cli(
+    result = run_cli_here(
         "--factory",
         "tiny",
         "trainer.max_steps=34",
@@ -115,7 +116,7 @@ def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_pat
     common += ("trainer.precision=32-true", "trainer.seed=1234", "log.export_on_end=false", f"log.log_dir={tmp_path}")
     result = run_torchrun(*common, "log.name=ddp", cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    single = run_cli(*common, "log.name=single", cwd=tmp_path, timeout=300)
+    single = run_cli_here(*common, "log.name=single", cwd=tmp_path)
     assert single.returncode == 0, single.stderr[-3000:]
     ddp = torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", weights_only=True)
     one = torch.load(tmp_path / "single" / "checkpoints" / "last.ckpt", weights_only=True)
@@ -142,7 +143,7 @@ def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_pat
 
 def test_help_lists_every_setting_with_its_type_default_and_doc_and_exits_0(tmp_path: Path) -> None:
     # NeMo-Run's help listed the groups only (and once crashed on postponed annotations).
-    result = run_cli("--help", cwd=tmp_path, timeout=120)
+    result = run_cli_here("--help", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stdout + result.stderr
     lines = result.stdout.splitlines()
@@ -169,7 +170,7 @@ def test_help_lists_every_setting_with_its_type_default_and_doc_and_exits_0(tmp_
 
 def test_a_yaml_file_whose_top_level_is_a_list_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "f.yaml").write_text("- a\n- b\n")
-    result = run_cli("--factory", "tiny", "--yaml", "f.yaml", cwd=tmp_path, timeout=120)
+    result = run_cli_here("--factory", "tiny", "--yaml", "f.yaml", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr == (
         "error: f.yaml: the top level must be a mapping of override groups (model, data, trainer, optim, resume, "

@@ -1,14 +1,19 @@
-"""Training on real video shards made by data_tools, through the real command lines."""
+"""Training on real video shards made by data_tools, through the real command lines: ``train_tokenizer.py``'s
+and ``python -m data_tools``'s, run in this process (run_cli_here, data_tools' main); the two-rank run is torchrun's
+fresh processes."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, read_metrics, run_cli, run_script, run_torchrun
+from data_tools.__main__ import main as data_tools_main
+from tests.conftest import read_metrics, run_cli_here, run_torchrun
 from tests.videos import bigbuckbunny, cut_inside_sample, encode_video, write_energon_dataset, write_video
 
 TINY = [
@@ -23,8 +28,11 @@ TINY = [
 
 
 def make_shards(src: Path, out: Path, *args: str) -> None:
-    result = run_script("-m", "data_tools", "make-shards", str(src), str(out), *args, cwd=ROOT, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    """``python -m data_tools make-shards SRC OUT ARGS``, in this process."""
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        status = data_tools_main(["make-shards", str(src), str(out), *args])
+    assert status == 0, log.getvalue()[-4000:]
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +55,11 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def test_resumed_run_continues_the_data_stream(video_dataset: Path, tmp_path: Path) -> None:
     data = f"data.path={video_dataset}"
-    whole = run_cli(*TINY, data, "trainer.max_steps=8", f"log.log_dir={tmp_path / 'a'}", cwd=tmp_path)
+    whole = run_cli_here(*TINY, data, "trainer.max_steps=8", f"log.log_dir={tmp_path / 'a'}", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
-    first = run_cli(*TINY, data, "trainer.max_steps=4", f"log.log_dir={tmp_path / 'b'}", cwd=tmp_path)
+    first = run_cli_here(*TINY, data, "trainer.max_steps=4", f"log.log_dir={tmp_path / 'b'}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = run_cli(*TINY, data, "trainer.max_steps=8", f"log.log_dir={tmp_path / 'b'}", cwd=tmp_path)
+    second = run_cli_here(*TINY, data, "trainer.max_steps=8", f"log.log_dir={tmp_path / 'b'}", cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Resuming from" in second.stdout
 
@@ -66,14 +74,13 @@ def test_resumed_run_continues_the_data_stream(video_dataset: Path, tmp_path: Pa
 
 
 def test_preflight_refuses_clips_the_videos_cannot_give(video_dataset: Path, tmp_path: Path) -> None:
-    result = run_cli(
+    result = run_cli_here(
         *TINY,
         f"data.path={video_dataset}",
         "data.frames=49",
         "trainer.max_steps=2",
         f"log.log_dir={tmp_path}",
         cwd=tmp_path,
-        timeout=120,
     )
     assert result.returncode != 0
     assert "cannot give a 49x64x64 clip" in result.stderr and "fewer" in result.stderr
@@ -83,8 +90,8 @@ def test_preflight_refuses_clips_the_videos_cannot_give(video_dataset: Path, tmp
 
 
 def test_not_a_dataset_is_explained(tmp_path: Path) -> None:
-    result = run_cli(
-        *TINY, f"data.path={tmp_path}", "trainer.max_steps=2", f"log.log_dir={tmp_path}", cwd=tmp_path, timeout=120
+    result = run_cli_here(
+        *TINY, f"data.path={tmp_path}", "trainer.max_steps=2", f"log.log_dir={tmp_path}", cwd=tmp_path
     )
     assert result.returncode != 0
     assert "is not a prepared energon dataset" in result.stderr and "make-shards" in result.stderr
@@ -96,7 +103,7 @@ def test_too_many_bad_videos_stop_the_run_with_their_names(tmp_path: Path) -> No
         write_video(src / f"good{i}.mp4", 20, 64, 64, seed=i)
         write_video(src / f"short{i}.mp4", 4, 64, 64, seed=i)  # packs fine, but cannot give a 17-frame clip
     make_shards(src, tmp_path / "data", "--val-fraction", "0")
-    result = run_cli(
+    result = run_cli_here(
         *TINY,
         f"data.path={tmp_path / 'data'}",
         "data.preflight_samples=0",
@@ -105,7 +112,6 @@ def test_too_many_bad_videos_stop_the_run_with_their_names(tmp_path: Path) -> No
         "trainer.max_steps=40",
         f"log.log_dir={tmp_path}",
         cwd=tmp_path,
-        timeout=300,
     )
     assert result.returncode != 0
     assert "were unusable, more than data.max_skip_fraction=0.2" in result.stderr
@@ -118,7 +124,7 @@ def test_a_cut_shard_is_skipped_named_and_counted_and_training_goes_on(tmp_path:
     videos = {f"v{i:02d}": encode_video(20, 64, 64, seed=i) for i in range(20)}
     data = write_energon_dataset(tmp_path / "data", videos, train_shards=2)
     cut_inside_sample(data / "train1.tar", 2)  # samples 3 to 10 of train1.tar are gone
-    result = run_cli(
+    result = run_cli_here(
         *TINY,
         f"data.path={data}",
         "data.num_workers=1",
@@ -126,7 +132,6 @@ def test_a_cut_shard_is_skipped_named_and_counted_and_training_goes_on(tmp_path:
         "trainer.max_steps=10",
         f"log.log_dir={tmp_path}",
         cwd=tmp_path,
-        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     # named at launch, with what is lost
@@ -147,7 +152,7 @@ def test_bigbuckbunny_trains(tmp_path: Path) -> None:
     src.mkdir()
     shutil.copy(bigbuckbunny(), src / "bigbuckbunny.mp4")
     make_shards(src, tmp_path / "data", "--val-fraction", "0")
-    result = run_cli(
+    result = run_cli_here(
         "--factory",
         "tiny",
         f"data.path={tmp_path / 'data'}",
@@ -158,7 +163,6 @@ def test_bigbuckbunny_trains(tmp_path: Path) -> None:
         "log.export_on_end=false",
         f"log.log_dir={tmp_path}",
         cwd=tmp_path,
-        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     keys = {k for rec in trace(tmp_path / "tiny_cv8x8x8") for k in rec["keys"]}

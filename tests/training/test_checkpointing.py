@@ -1,4 +1,7 @@
-"""Runs that survive preemption and kills: exact resume after SIGKILL, checkpoints on SIGTERM/SIGUSR1."""
+"""Runs that survive preemption and kills: exact resume after SIGKILL, checkpoints on SIGTERM/SIGUSR1.
+
+The killed and signalled runs are fresh processes; the runs around them (the uninterrupted reference, the
+resume) go through the same command line in this process."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, read_metrics, run_cli
+from tests.conftest import ROOT, read_metrics, run_cli_here
 
 ARGS = [
     "--factory",
@@ -52,7 +55,7 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(tmp_path: Path) -> None:
-    whole = run_cli(*ARGS, "trainer.max_steps=10", f"log.log_dir={tmp_path / 'whole'}", cwd=tmp_path)
+    whole = run_cli_here(*ARGS, "trainer.max_steps=10", f"log.log_dir={tmp_path / 'whole'}", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
     killed_dir = tmp_path / "killed"
     killed_dir.mkdir()
@@ -64,7 +67,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(tmp_path: Path)
     # every checkpoint left is complete: each was written under a temporary name, then renamed
     done = max(torch.load(p, weights_only=True)["global_step"] for p in ckpts)
     assert 4 <= done < 10
-    resumed = run_cli(*ARGS, "trainer.max_steps=10", f"log.log_dir={killed_dir}", cwd=killed_dir)
+    resumed = run_cli_here(*ARGS, "trainer.max_steps=10", f"log.log_dir={killed_dir}", cwd=killed_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming from" in resumed.stdout
     a, b = losses(tmp_path / "whole" / "tiny_cv8x8x8"), losses(killed_dir / "tiny_cv8x8x8")

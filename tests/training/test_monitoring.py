@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import fit, read_metrics, run_cli
+from tests.conftest import fit, read_metrics, run_cli_here
 from tests.training.conftest import no_vgg, tiny
 from tests.training.test_checkpointing import ARGS
 from tests.training.test_step_guard import fit_logged
@@ -46,7 +46,7 @@ def test_the_progress_bar_counts_optimizer_steps_with_the_micro_batches_beside(t
 
 def test_logs_curves_videos_and_wandb_offline(tmp_path: Path) -> None:
     env = {"WANDB_API_KEY": "x" * 40, "WANDB_MODE": "offline", "WANDB_PROJECT_NAME": "tp-test", "WANDB_RUN_ID": "r1"}
-    result = run_cli(
+    result = run_cli_here(
         *ARGS,
         "trainer.max_steps=4",
         "trainer.val_check_interval=2",

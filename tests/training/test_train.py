@@ -143,9 +143,9 @@ def test_the_stop_for_nan_steps_names_the_checkpoint_from_before_them(tmp_path: 
 
 
 def test_lr_1e10_stops_with_one_line_naming_the_steps(tmp_path: Path) -> None:
-    from tests.conftest import run_cli
+    from tests.conftest import run_cli_here
 
-    proc = run_cli(
+    proc = run_cli_here(
         "--factory", "tiny", "data.frames=9", "data.height=32", "data.width=32", "optim.lr=1e10",
         "trainer.max_bad_steps=2", "trainer.max_steps=20", "log.export_on_end=false", f"log.log_dir={tmp_path}",
         cwd=tmp_path,
