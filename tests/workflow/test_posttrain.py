@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import reference_weights, run_script
+from tests.conftest import captured_output, reference_weights, run_script
 from tests.videos import bigbuckbunny, encode_video, write_energon_dataset
+from tokenizer_posttrain.__main__ import main
 from tokenizer_posttrain.core.errors import UserError
 from tokenizer_posttrain.evaluation.latent_stats import MEAN_STD, dataset_latent_stats, read_latent_stats
 from tokenizer_posttrain.io.checkpoint import load_tokenizer
@@ -23,14 +24,27 @@ def cli(*args: str, cwd: Path, timeout: float = 900, env: dict[str, str] | None 
     return run_script("-m", "tokenizer_posttrain", *args, cwd=cwd, timeout=timeout, env=env)
 
 
+def _arguments(base: Path, videos: Path, out: Path, flags: tuple[str, ...], options: dict) -> list[str]:
+    args = [f for key, value in options.items() for f in (f"--{key.replace('_', '-')}", *str(value).split())]
+    command = ["posttrain", "--base", str(base), "--videos", str(videos), "--out", str(out), "--accelerator", "cpu"]
+    return [*command, *args, *flags]
+
+
 def posttrain(
     base: Path, videos: Path, out: Path, *flags: str, env: dict[str, str] | None = None, **options: object
 ) -> subprocess.CompletedProcess:
     """``python -m tokenizer_posttrain posttrain`` on the CPU in ``out``'s parent; ``options`` become
     ``--kebab-case value`` arguments (a value with spaces: several), ``flags`` are passed as they are."""
-    args = [f for key, value in options.items() for f in (f"--{key.replace('_', '-')}", *str(value).split())]
-    command = ["posttrain", "--base", str(base), "--videos", str(videos), "--out", str(out), "--accelerator", "cpu"]
-    return cli(*command, *args, *flags, cwd=out.parent, env=env)
+    return cli(*_arguments(base, videos, out, flags, options), cwd=out.parent, env=env)
+
+
+def posttrain_here(base: Path, videos: Path, out: Path, *flags: str, **options: object) -> subprocess.CompletedProcess:
+    """:func:`posttrain` through the same command line in this process (no interpreter start-up): for the tests
+    whose point is not a fresh process's exit status."""
+    args = _arguments(base, videos, out, flags, options)
+    with captured_output() as output:
+        code = main(args)
+    return subprocess.CompletedProcess(args, code, *output)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +73,7 @@ def base_with_stats(tmp_path_factory: pytest.TempPathFactory, base_and_videos: t
 
 def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, base_and_videos: tuple) -> None:
     base, videos = base_and_videos
-    result = posttrain(
+    result = posttrain_here(
         base,
         videos,
         tmp_path / "run",
@@ -188,7 +202,7 @@ def test_shards_are_made_with_data_tools_from_the_repository_root() -> None:
 
 def test_a_non_finite_learning_rate_stops_before_any_work(tmp_path: Path, base_and_videos: tuple) -> None:
     base, videos = base_and_videos
-    result = posttrain(base, videos, tmp_path / "run", lr="inf")
+    result = posttrain_here(base, videos, tmp_path / "run", lr="inf")
     assert result.returncode == 1 and "invalid optim.lr=inf" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()  # no shards, no baseline evaluation
 
