@@ -7,12 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.losses.test_perceptual import SCALE, SHIFT, random_vgg16_state, videos
+from tests.losses.test_perceptual import SCALE, SHIFT, videos
 from tokenizer_posttrain.losses import LossConfig, build_loss
 from tokenizer_posttrain.losses.gram import GramConfig, GramTerm, gram_distance, weighted_gram_sums
 from tokenizer_posttrain.losses.perceptual import (
     DEFAULT_LAYER_WEIGHTS,
-    VGG16_FILE,
     PerceptualConfig,
     VGG16Pass,
     load_vgg16_features,
@@ -20,13 +19,6 @@ from tokenizer_posttrain.losses.perceptual import (
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def weights_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("vgg") / VGG16_FILE
-    torch.save(random_vgg16_state(), path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -7,21 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.losses.test_perceptual import random_vgg16_state, videos
+from tests.losses.test_perceptual import videos
 from tokenizer_posttrain.losses import TERMS, LossConfig, build_loss
 from tokenizer_posttrain.losses.gram import GramConfig
 from tokenizer_posttrain.losses.l1 import L1Config, masked_l1
-from tokenizer_posttrain.losses.perceptual import VGG16_FILE, PerceptualConfig, PerceptualLoss, VGG16Pass
+from tokenizer_posttrain.losses.perceptual import PerceptualConfig, PerceptualLoss, VGG16Pass
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def weights_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("vgg") / VGG16_FILE
-    torch.save(random_vgg16_state(), path)
-    return path
 
 
 def test_every_term_is_a_config_field() -> None:

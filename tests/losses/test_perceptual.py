@@ -63,13 +63,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def weights_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("vgg") / VGG16_FILE
-    torch.save(random_vgg16_state(), path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def loss(weights_file: Path) -> PerceptualLoss:
     return PerceptualLoss(str(weights_file))
 
