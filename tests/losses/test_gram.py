@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.losses.test_perceptual import SCALE, SHIFT, videos
+from tests.losses.test_perceptual import SCALE, SHIFT, masked_frames_case, videos
 from tokenizer_posttrain.losses import LossConfig, build_loss
 from tokenizer_posttrain.losses.gram import GramConfig, GramTerm, gram_distance, weighted_gram_sums
 from tokenizer_posttrain.losses.perceptual import (
@@ -90,14 +90,7 @@ def test_zero_for_identical_videos(vgg: VGG16Pass) -> None:
 
 @pytest.mark.parametrize("temporal", [True, False])
 def test_masked_out_pixels_change_nothing(vgg: VGG16Pass, temporal: bool) -> None:
-    target, noise = videos(b=2, t=3)
-    recon = target + 0.1 * noise
-    mask = torch.ones(2, 1, 3, 16, 16)
-    mask[0, :, 1] = 0
-    mask[1, :, 2] = 0
-    changed = recon.clone()
-    changed[0, :, 1] = torch.rand(3, 16, 16) * 2 - 1
-    changed[1, :, 2] = -1
+    target, recon, mask, changed = masked_frames_case()
     masked = gram_loss(vgg, recon, target, mask, temporal)
     torch.testing.assert_close(gram_loss(vgg, changed, target, mask, temporal), masked)
     assert gram_loss(vgg, changed, target, temporal=temporal) != gram_loss(vgg, recon, target, temporal=temporal)

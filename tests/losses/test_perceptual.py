@@ -135,7 +135,9 @@ def test_layer_weights_applied(weights_file: Path) -> None:
         torch.testing.assert_close(single(recon, target), 3.0 * per_layer[layer], rtol=1e-5, atol=0)
 
 
-def test_masked_frames_do_not_count(loss: PerceptualLoss) -> None:
+def masked_frames_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(target, reconstruction, mask, changed): two 3-frame clips with one frame each masked out, and the
+    reconstruction with just those frames replaced (a term honouring the mask gives both the same value)."""
     target, noise = videos(b=2, t=3, size=16)
     recon = target + 0.1 * noise
     mask = torch.ones(2, 1, 3, 16, 16)
@@ -144,8 +146,12 @@ def test_masked_frames_do_not_count(loss: PerceptualLoss) -> None:
     changed = recon.clone()
     changed[0, :, 1] = torch.rand(3, 16, 16) * 2 - 1
     changed[1, :, 2] = -1
-    masked = loss(recon, target, mask)
-    torch.testing.assert_close(loss(changed, target, mask), masked)
+    return target, recon, mask, changed
+
+
+def test_masked_frames_do_not_count(loss: PerceptualLoss) -> None:
+    target, recon, mask, changed = masked_frames_case()
+    torch.testing.assert_close(loss(changed, target, mask), loss(recon, target, mask))
     assert loss(changed, target) != loss(recon, target)
     # An all-ones mask is the unmasked loss; an all-zeros mask is 0, not NaN.
     torch.testing.assert_close(loss(recon, target, torch.ones_like(mask)), loss(recon, target))
