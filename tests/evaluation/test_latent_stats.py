@@ -16,7 +16,6 @@ from tokenizer_posttrain.evaluation.latent_stats import (
     Moments,
     copy_latent_stats,
     read_latent_stats,
-    stats_shift,
 )
 from tokenizer_posttrain.io.checkpoint import load_tokenizer
 
@@ -43,17 +42,6 @@ def test_positions_past_a_short_clip_carry_the_pooled_statistics_of_the_measured
     for t in range(5, 16):
         torch.testing.assert_close(mean[:, t], later.mean(dim=0).float())
         torch.testing.assert_close(std[:, t], later.std(dim=0, correction=0).float())
-
-
-def test_the_shift_against_the_base_is_in_units_of_the_base_std_per_channel() -> None:
-    base = LatentStats(torch.zeros(2, 3), torch.full((2, 3), 2.0), torch.zeros(2), torch.ones(2), clips=1)
-    mean = torch.tensor([[1.0, 1.0, 4.0], [0.0, 0.0, 0.0]])
-    std = torch.tensor([[2.0, 2.0, 2.0], [1.0, 4.0, 2.0]])
-    shift = stats_shift(LatentStats(mean, std, torch.zeros(2), torch.ones(2), clips=1), base)
-    first, second = shift["channels"]
-    assert first["mean_offset"] == pytest.approx(1.0) and first["worst_mean_offset"] == pytest.approx(2.0)
-    assert second["std_ratio"] == pytest.approx(3.5 / 3) and second["worst_std_ratio"] == pytest.approx(2.0)
-    assert shift["max_abs_mean_offset"] == pytest.approx(2.0) and shift["max_std_change"] == pytest.approx(1.0)
 
 
 def test_statistics_files_are_read_weights_only_and_checked(tmp_path: Path) -> None:

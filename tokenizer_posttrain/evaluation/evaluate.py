@@ -22,7 +22,8 @@ from ..io.checkpoint import load_tokenizer
 from ..losses.perceptual import VGG16_FILE, VGG16_URL, PerceptualLoss, find_vgg16_weights
 from ..network import CausalVideoTokenizer
 from .inference import DTYPES
-from .latent_stats import read_latent_stats, stats_shift
+from .latent_shift import stats_shift
+from .latent_stats import read_latent_stats
 from .media import to_frames, to_uint8
 from .metrics import clip_psnr, clip_ssim, codebook_stats, latent_drift, temporal_flicker, token_flip_rate
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .latent_stats import shift_markdown
+from .latent_shift import shift_markdown
 from .media import write_mp4
 
 RESULTS_JSON = "results.json"
