@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
+from .l1 import masked_mean
 from .terms import LossTerm, TermConfig
 
 
@@ -40,9 +41,7 @@ def masked_laplacian_l1(reconstruction: Tensor, target: Tensor, mask: Tensor) ->
     """Mean absolute difference of the :func:`masked_laplacian` of ``[B, C, T, H, W]`` videos over the pixels and
     channels where ``mask`` ``[B, 1, T, H, W]`` is 1 (fp32)."""
     # One Laplacian, of the difference: the filter is linear.
-    laplacian = masked_laplacian(reconstruction.float() - target.float(), mask)
-    weight = mask.float().expand_as(laplacian)
-    return (laplacian.abs() * weight).sum() / weight.sum().clamp_min(1)
+    return masked_mean(masked_laplacian(reconstruction.float() - target.float(), mask).abs(), mask)
 
 
 class HighFreqLoss(LossTerm):

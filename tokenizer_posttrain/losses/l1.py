@@ -14,10 +14,15 @@ class L1Config(TermConfig):
     weight: float = 1.0
 
 
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``values`` over the elements where ``mask`` (broadcast to them) is 1, in fp32."""
+    weight = mask.float().expand_as(values)
+    return (values.float() * weight).sum() / weight.sum().clamp_min(1)
+
+
 def masked_l1(reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
     """Mean absolute error over the pixels where ``mask`` is 1 (computed in fp32)."""
-    mask = mask.float().expand_as(target)
-    return ((reconstruction.float() - target.float()).abs() * mask).sum() / mask.sum().clamp_min(1)
+    return masked_mean((reconstruction.float() - target.float()).abs(), mask)
 
 
 class L1Loss(LossTerm):
