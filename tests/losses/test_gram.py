@@ -191,5 +191,5 @@ def test_a_scheduled_gram_term_joins_at_its_boundary(weights_file: Path) -> None
     perceptual = PerceptualConfig(0.0, weights_path=str(weights_file))
     loss = build_loss(LossConfig(perceptual=perceptual, gram=GramConfig(boundaries=[3], values=[0.0, 0.2])))
     assert loss.vgg is not None
-    assert loss.prepare(3, CPU) == {"l1": 1.0} and loss.vgg.network is None
-    assert loss.prepare(4, CPU) == {"l1": 1.0, "gram": 0.2} and loss.vgg.network is not None
+    assert loss.prepare(2, CPU) == {"l1": 1.0} and loss.vgg.network is None
+    assert loss.prepare(3, CPU) == {"l1": 1.0, "gram": 0.2} and loss.vgg.network is not None

@@ -47,10 +47,10 @@ def test_a_scheduled_network_is_found_at_launch_and_built_when_first_needed(weig
     schedule = {"boundaries": [5], "values": [0.0, 0.1], "weights_path": str(weights_file)}
     loss = build_loss(LossConfig(perceptual=PerceptualConfig(**schedule)))
     assert loss.vgg is not None
-    assert loss.prepare(5, CPU) == {"l1": 1.0} and loss.vgg.network is None  # off: nothing read, nothing built
-    assert loss.prepare(6, CPU) == {"l1": 1.0, "perceptual": 0.1} and isinstance(loss.vgg.network, VGG16Pass)
+    assert loss.prepare(4, CPU) == {"l1": 1.0} and loss.vgg.network is None  # off: nothing read, nothing built
+    assert loss.prepare(5, CPU) == {"l1": 1.0, "perceptual": 0.1} and isinstance(loss.vgg.network, VGG16Pass)
     missing = {**schedule, "weights_path": str(weights_file.parent / "gone.pth")}
-    with pytest.raises(FileNotFoundError, match="gone.pth"):  # at launch, not at step 6
+    with pytest.raises(FileNotFoundError, match="gone.pth"):  # at launch, not at step 5
         build_loss(LossConfig(perceptual=PerceptualConfig(**missing)))
 
 
@@ -90,12 +90,12 @@ def test_schedule_changes_that_a_run_never_reaches_are_named() -> None:
         perceptual_weight=0.0,
         gram=GramConfig(boundaries=[500000], values=[0.0, 0.062]),
     )
-    # Steps 0 ... 99: the change after step 8 comes, the one after step 99 does not.
-    assert config.unreached_changes(100) == [
-        "loss.l1.boundaries=[8, 99]: trainer.max_steps=100 ends before step 100, where the weight would change "
+    # Steps 0 ... 98: the change at step 8 comes, the one at step 99 does not.
+    assert config.unreached_changes(99) == [
+        "loss.l1.boundaries=[8, 99]: trainer.max_steps=99 ends before step 99, where the weight would change "
         "from 0.5 to 0.2; it stays 0.5",
-        "loss.gram.boundaries=[500000]: trainer.max_steps=100 ends before step 500001, where the weight would "
+        "loss.gram.boundaries=[500000]: trainer.max_steps=99 ends before step 500000, where the weight would "
         "change from 0.0 to 0.062; it stays 0.0 (the term is never on)",
     ]
-    assert [note.split(":")[0] for note in config.unreached_changes(101)] == ["loss.gram.boundaries=[500000]"]
+    assert [note.split(":")[0] for note in config.unreached_changes(100)] == ["loss.gram.boundaries=[500000]"]
     assert LossConfig().unreached_changes(1) == []

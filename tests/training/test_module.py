@@ -98,8 +98,8 @@ def test_ema_weights_are_the_exponential_average(tmp_path: Path) -> None:
 
 
 def test_a_scheduled_term_joins_the_loss_at_its_boundary(tmp_path: Path, vgg_file: Path) -> None:
-    # Weight 0 up to optimizer step 1, then 0.1: steps 0 and 1 train on L1 alone (no VGG built), 2 and 3 on both.
-    perceptual = PerceptualConfig(boundaries=[1], values=[0.0, 0.1], weights_path=str(vgg_file))
+    # Weight 0 before optimizer step 2, then 0.1: steps 0 and 1 train on L1 alone (no VGG built), 2 and 3 on both.
+    perceptual = PerceptualConfig(boundaries=[2], values=[0.0, 0.1], weights_path=str(vgg_file))
     module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), LossConfig(perceptual=perceptual))
     assert module.loss.vgg is not None and module.loss.vgg.network is None
     recorder = Recorder()

@@ -173,14 +173,14 @@ def test_a_run_logs_the_gram_and_high_frequency_terms_and_warns_of_an_unreached_
         # Perceptual off: the Gram term still gets the VGG16 that loss.perceptual sets.
         "perceptual": PerceptualConfig(0.0, weights_path=str(vgg_file)),
         "gram": GramConfig(0.5),
-        "high_freq": HighFreqConfig(boundaries=[0, 5], values=[0.0, 0.2, 0.4]),
+        "high_freq": HighFreqConfig(boundaries=[1, 5], values=[0.0, 0.2, 0.4]),
     }
     configs = tiny_run(tmp_path, steps=2, data={"frames": 1}, loss=loss)
     with pytest.warns(
-        UserWarning, match=r"loss\.high_freq\.boundaries=\[0, 5\]: trainer\.max_steps=2 ends before step 6"
+        UserWarning, match=r"loss\.high_freq\.boundaries=\[1, 5\]: trainer\.max_steps=2 ends before step 5"
     ):
         run_dir = train(**configs)
     rows = {int(row["step"]): row for row in read_metrics(run_dir) if row.get("train/loss")}
     assert sorted(rows) == [0, 1]
     assert float(rows[0]["train/gram"]) > 0 and float(rows[1]["train/gram"]) > 0
-    assert rows[0]["train/high_freq"] == "" and float(rows[1]["train/high_freq"]) > 0  # on after step 0
+    assert rows[0]["train/high_freq"] == "" and float(rows[1]["train/high_freq"]) > 0  # on from step 1

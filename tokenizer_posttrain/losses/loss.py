@@ -38,7 +38,7 @@ class LossConfig:
     """VGG16 perceptual term (weight 0.1); weight 0 needs no VGG16 file (unless loss.gram is on)."""
     gram: GramConfig = field(default_factory=GramConfig)
     """Gram-matrix loss on the VGG16 features of loss.perceptual (its layers and layer weights, one VGG pass for
-    both; NVIDIA's trainers use 0 up to step 500000, then 0.062); weight 0 (default): off."""
+    both; NVIDIA's trainers use 0 before step 500000, then 0.062); weight 0 (default): off."""
     high_freq: HighFreqConfig = field(default_factory=HighFreqConfig)
     """L1 between the frames' Laplacians, for edges and fine detail (NVIDIA's trainer); weight 0 (default): off."""
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
@@ -75,7 +75,7 @@ class LossConfig:
 
     def schedule_starts(self) -> list[int]:
         """The first step of every interval in which no term's weight changes."""
-        return sorted({0, *(b + 1 for name in TERMS for b in self.term(name).boundaries)})
+        return sorted({0, *(b for name in TERMS for b in self.term(name).boundaries)})
 
     def weights_at(self, step: int) -> dict[str, float]:
         """Name -> weight of the terms with a non-zero weight at optimizer step ``step``, in summing order."""
@@ -83,12 +83,12 @@ class LossConfig:
         return {name: w for name, w in weights.items() if w != 0}
 
     def unreached_changes(self, max_steps: int) -> list[str]:
-        """One line per term whose schedule changes after a step that a run of ``max_steps`` optimizer steps
-        (0 ... max_steps - 1) never gets past: the weight it keeps, and whether the term is ever on."""
+        """One line per term whose schedule changes at a step that a run of ``max_steps`` optimizer steps
+        (0 ... max_steps - 1) never reaches: the weight it keeps, and whether the term is ever on."""
         notes = []
         for name in TERMS:
             config = self.term(name)
-            unreached = [i for i, boundary in enumerate(config.boundaries) if boundary + 1 >= max_steps]
+            unreached = [i for i, boundary in enumerate(config.boundaries) if boundary >= max_steps]
             if not config.values or not unreached:
                 continue
             first = unreached[0]
@@ -96,7 +96,7 @@ class LossConfig:
             never = " (the term is never on)" if not any(w != 0 for w in config.values[: first + 1]) else ""
             notes.append(
                 f"loss.{name}.boundaries={config.boundaries}: trainer.max_steps={max_steps} ends before step "
-                f"{config.boundaries[first] + 1}, where the weight would change from {kept} to {then}; it stays "
+                f"{config.boundaries[first]}, where the weight would change from {kept} to {then}; it stays "
                 f"{kept}{never}"
             )
         return notes

@@ -15,9 +15,9 @@ class TermConfig:
     weight: float = 0.0
     """Weight of the term at every step (used when ``values`` is empty); 0 turns the term off."""
     boundaries: list[int] = field(default_factory=list)
-    """Optimizer steps (0-based) where the weight changes, increasing. As in NVIDIA's tokenizer trainer:
-    ``values[0]`` while step <= boundaries[0], ``values[i]`` while boundaries[i-1] < step <= boundaries[i],
-    ``values[-1]`` after the last boundary."""
+    """Optimizer steps (0-based) where the weight changes, increasing. As in NVIDIA's tokenizer trainers
+    (``iteration < boundary``, on the 0-based step): ``values[0]`` while step < boundaries[0], ``values[i]``
+    while boundaries[i-1] <= step < boundaries[i], ``values[-1]`` from the last boundary on."""
     values: list[float] = field(default_factory=list)
     """``len(boundaries) + 1`` weights of the schedule; empty means ``weight`` at every step."""
 
@@ -25,7 +25,7 @@ class TermConfig:
         """The weight at optimizer step ``step``."""
         if not self.values:
             return float(self.weight)
-        return float(self.values[bisect.bisect_left(self.boundaries, step)])
+        return float(self.values[bisect.bisect_right(self.boundaries, step)])
 
     @property
     def weights(self) -> list[float]:
