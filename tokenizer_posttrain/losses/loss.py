@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .consistency import ConsistencyConfig, ConsistencyTerm, ConsistencyWindows
+from .flow import FlowConfig, FlowTerm
 from .gram import GramConfig, GramTerm
 from .high_freq import HighFreqConfig, HighFreqLoss
 from .l1 import L1Config, L1Loss
@@ -20,6 +21,7 @@ TERMS: dict[str, type[LossTerm]] = {
     "perceptual": PerceptualTerm,
     "gram": GramTerm,
     "high_freq": HighFreqLoss,
+    "flow": FlowTerm,
     "consistency": ConsistencyTerm,
 }
 """Term name (also its ``LossConfig`` field and its ``train/<name>`` metric) -> class, in the order the
@@ -41,6 +43,9 @@ class LossConfig:
     both; NVIDIA's trainers use 0 before step 500000, then 0.062); weight 0 (default): off."""
     high_freq: HighFreqConfig = field(default_factory=HighFreqConfig)
     """L1 between the frames' Laplacians, for edges and fine detail (NVIDIA's trainer); weight 0 (default): off."""
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    """L1 between the bidirectional RAFT optical flows of input and reconstruction, for motion (NVIDIA's trainers: 0
+    before step 250000, then 0.01); needs torchvision's RAFT file; weight 0 (default): off, nothing read or built."""
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
     """Overlapping windows of a clip (``window`` frames every ``step``), reconstructed on their own, must agree on
     their shared frames and CV latents (NVIDIA's trainers ship it off); weight 0 (default): off, no extra pass."""

@@ -108,16 +108,20 @@ def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
         raise ValueError(f"the clip shape does not fit {cfg.name}: {'; '.join(problems)}")
 
 
-def check_consistency_windows(model: ModelConfig, data: DataConfig, loss: LossConfig) -> None:
-    """Fail before launch when loss.consistency (if ever on) cannot cut its windows from the clips."""
-    if not loss.consistency.ever_on:
-        return
+def check_loss_clips(model: ModelConfig, data: DataConfig, loss: LossConfig) -> None:
+    """Fail before launch when a term that is ever on cannot work on the clips: loss.consistency's windows,
+    loss.flow's frame sizes for RAFT."""
     cfg = get_config(model.model)
-    problems = loss.consistency.clip_problems(
-        "loss.consistency", data.frames, cfg.temporal_compression, continuous=not cfg.is_discrete
-    )
+    problems = []
+    if loss.consistency.ever_on:
+        problems += loss.consistency.clip_problems(
+            "loss.consistency", data.frames, cfg.temporal_compression, continuous=not cfg.is_discrete
+        )
+    if loss.flow.ever_on:
+        problems += loss.flow.clip_problems("loss.flow", data.frames, data.height, data.width)
     if problems:
-        raise ValueError(f"loss.consistency does not fit {cfg.name} clips: {'; '.join(problems)}")
+        raise ValueError(f"the loss does not fit {cfg.name} clips of {data.frames}x{data.height}x{data.width}: "
+                         + "; ".join(problems))
 
 
 def build_datamodule(
@@ -283,7 +287,7 @@ def train(
                 if ckpt_path and not resume.allow_changes:
                     problems.check(lambda: check_same_run(ckpt_path, current_settings(model, data, loss)))
                 problems.check(lambda: check_clip_shape(model, data))
-                problems.check(lambda: check_consistency_windows(model, data, loss))
+                problems.check(lambda: check_loss_clips(model, data, loss))
                 par = problems.check(lambda: resolve_parallelism(trainer, data))
                 model = resolve_compile(model, par.accelerator if par else "cpu")
                 problems.check(lambda: check_data(data, par.world_size if par else 1, trainer.seed))

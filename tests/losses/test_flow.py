@@ -1,0 +1,212 @@
+"""The optical-flow term: our RAFT pass against torchvision's, the term by hand with a flow network of ours, the mask,
+gradients, dtype, activation checkpointing, and the RAFT file (found at launch, built when first on, clear errors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from tokenizer_posttrain.losses import LossConfig, build_loss
+from tokenizer_posttrain.losses.flow import (
+    RAFT_FILES,
+    FlowConfig,
+    FlowTerm,
+    RAFTFlow,
+    bidirectional_flow,
+    build_raft,
+    find_raft_weights,
+)
+
+CPU = torch.device("cpu")
+
+
+class ShiftFlow(nn.Module):
+    """A flow network of ours for known answers: the whole-frame horizontal shift (in -3 ... 3 pixels) that best
+    maps each frame onto its neighbour, as a constant flow."""
+
+    def forward(self, frames: Tensor) -> Tensor:
+        n, t, _, h, w = frames.shape
+        first = torch.cat([frames[:, :-1], frames[:, 1:]], dim=1)
+        second = torch.cat([frames[:, 1:], frames[:, :-1]], dim=1)
+        shifts = torch.arange(-3, 4)
+        errors = torch.stack([(first.roll(int(s), dims=-1) - second).abs().mean(dim=(2, 3, 4)) for s in shifts])
+        best = shifts[errors.argmin(dim=0)].float()  # [N, 2 (T-1)]
+        flow = torch.zeros(n, 2 * (t - 1), 2, h, w)
+        flow[:, :, 0] = best[..., None, None]
+        return flow
+
+
+def moving_video(frames: int, size: int, pixels_per_frame: int) -> Tensor:
+    """``[1, 3, T, size, size]``: a random image rolled right by ``pixels_per_frame`` each frame."""
+    image = torch.rand(1, 3, 1, size, size, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    return torch.cat([image.roll(i * pixels_per_frame, dims=-1) for i in range(frames)], dim=2)
+
+
+def smooth_frames(n: int, t: int, size: int = 128) -> Tensor:
+    """``[n, t, 3, size, size]`` frames in [-1, 1] with structure RAFT can follow: blurred noise, moving."""
+    noise = torch.rand(n, 1, 3, size // 8, size // 8, generator=torch.Generator().manual_seed(1))
+    base = torch.nn.functional.interpolate(noise.flatten(0, 1), size=(size, size), mode="bicubic").unflatten(0, (n, 1))
+    return torch.cat([base.roll(2 * i, dims=-1) for i in range(t)], dim=1).clamp(0, 1) * 2 - 1
+
+
+@pytest.fixture(scope="module")
+def raft_small() -> nn.Module:
+    torch.manual_seed(0)
+    return build_raft("small")
+
+
+@pytest.fixture(scope="module")
+def raft_small_file(tmp_path_factory: pytest.TempPathFactory, raft_small: nn.Module) -> Path:
+    path = tmp_path_factory.mktemp("raft") / RAFT_FILES["small"]
+    torch.save(raft_small.state_dict(), path)
+    return path
+
+
+@pytest.mark.parametrize("raft", ["small", "large"])
+def test_our_raft_pass_gives_torchvisions_flows(raft: str) -> None:
+    torch.manual_seed(0)
+    network = build_raft(raft)
+    frames = smooth_frames(1, 3)
+    updates = 3
+    ours = RAFTFlow(network, torch.float32, flow_updates=updates)(frames)  # [1, 4, 2, H, W]
+    pairs = [(0, 1), (1, 2), (1, 0), (2, 1)]  # forward pairs, then backward pairs
+    with torch.no_grad():
+        theirs = [network(frames[:, a], frames[:, b], num_flow_updates=updates)[-1] for a, b in pairs]
+    assert ours.shape == (1, 4, 2, 128, 128) and ours.dtype == torch.float32
+    torch.testing.assert_close(ours, torch.stack(theirs, dim=1), rtol=1e-4, atol=1e-4)
+
+
+def test_identical_videos_give_zero(raft_small: nn.Module) -> None:
+    video = smooth_frames(1, 3).transpose(1, 2)
+    term = FlowTerm(FlowConfig(1.0, scale=1, dtype="float32"), RAFTFlow(raft_small, torch.float32, 2))
+    assert term(video, video, torch.ones(1, 1, 3, 128, 128)).item() == 0.0
+
+
+@pytest.mark.parametrize(("scale", "pixels"), [(1, 1), (2, 2)])
+def test_a_shift_the_reconstruction_lost_costs_its_flow(scale: int, pixels: int) -> None:
+    # The input moves `pixels` right per frame, the reconstruction stands still: the flows differ by `pixels`
+    # in x (forward +pixels, backward -pixels) and 0 in y, so the mean over both components is pixels / 2.
+    target = moving_video(frames=3, size=16, pixels_per_frame=pixels)
+    still = target[:, :, :1].expand_as(target)
+    term = FlowTerm(FlowConfig(1.0, scale=scale), ShiftFlow())
+    flow = bidirectional_flow(target, ShiftFlow(), scale)
+    assert flow.shape == (1, 2, 4, 16, 16)
+    assert torch.equal(flow[0, 0, :, 0, 0], torch.tensor([1.0, 1.0, -1.0, -1.0]) * pixels)
+    value = term(still, target, torch.ones(1, 1, 3, 16, 16))
+    assert value.item() == pytest.approx(pixels / 2)
+
+
+def test_only_pairs_whose_pixels_count_in_both_frames_count() -> None:
+    target = moving_video(frames=3, size=16, pixels_per_frame=1)
+    reconstruction = target.clone()
+    reconstruction[:, :, 2] = reconstruction[:, :, 1]  # frame 2 stands still: pair (1, 2) loses its motion
+    term = FlowTerm(FlowConfig(1.0, scale=1), ShiftFlow())
+    everything = term(reconstruction, target, torch.ones(1, 1, 3, 16, 16))
+    assert everything.item() == pytest.approx(0.5 * 2 / 4)  # 2 of the 4 pair flows (each direction) differ
+    mask = torch.ones(1, 1, 3, 16, 16)
+    mask[:, :, 2, :, :8] = 0  # half of frame 2 masked: pair (1, 2) still counts on the other half
+    assert term(reconstruction, target, mask).item() == pytest.approx(0.5 * 2 * 128 / (2 * 256 + 2 * 128))
+    mask[:, :, 2] = 0  # frame 2 gone: only pair (0, 1), which agrees
+    assert term(reconstruction, target, mask).item() == 0.0
+    assert term(reconstruction, target, torch.zeros_like(mask)).item() == 0.0  # nothing counts: 0, not NaN
+
+
+def test_gradients_reach_the_reconstruction_not_raft(raft_small: nn.Module) -> None:
+    target = smooth_frames(1, 2).transpose(1, 2)
+    reconstruction = (target + 0.1 * torch.randn_like(target)).requires_grad_(True)
+    network = RAFTFlow(raft_small, torch.float32, 2)
+    value = FlowTerm(FlowConfig(1.0, scale=1), network)(reconstruction, target, torch.ones(1, 1, 2, 128, 128))
+    value.backward()
+    assert value.item() > 0
+    assert reconstruction.grad is not None and reconstruction.grad.abs().sum() > 0
+    assert torch.isfinite(reconstruction.grad).all()
+    assert all(not p.requires_grad and p.grad is None for p in network.parameters())
+    assert not network.training and not network.train().training  # batch norms keep their statistics
+
+
+def test_activation_checkpointing_gives_the_same_value_and_gradient(raft_small: nn.Module) -> None:
+    target = smooth_frames(1, 2).transpose(1, 2)
+    noise = 0.1 * torch.randn(target.shape, generator=torch.Generator().manual_seed(3))
+    results = []
+    for recompute in (False, True):
+        reconstruction = (target + noise).requires_grad_(True)
+        config = FlowConfig(1.0, scale=1, checkpoint_activations=recompute)
+        value = FlowTerm(config, RAFTFlow(raft_small, torch.float32, 2))(
+            reconstruction, target, torch.ones(1, 1, 2, 128, 128)
+        )
+        value.backward()
+        results.append((value.detach(), reconstruction.grad))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1])
+
+
+def test_bf16_raft_keeps_fp32_flows_close_to_fp32_raft(raft_small: nn.Module) -> None:
+    frames = smooth_frames(1, 2)
+    exact = RAFTFlow(raft_small, torch.float32, 2)
+    half = RAFTFlow(build_raft("small"), torch.bfloat16, 2)
+    half.load_state_dict(exact.state_dict())
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    with torch.no_grad():
+        a, b = exact(frames), half(frames)
+    assert b.dtype == torch.float32
+    assert (a - b).abs().mean() < 0.05 * a.abs().mean() + 1e-3
+
+
+def test_a_term_at_weight_zero_builds_nothing_and_reads_no_file(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nowhere.pth")
+    loss = build_loss(LossConfig(perceptual_weight=0.0, flow=FlowConfig(0.0, weights_path=missing)))  # off: the file is not looked for
+    assert "flow" not in loss.terms
+
+
+def test_a_scheduled_flow_term_is_found_at_launch_and_built_when_first_on(raft_small_file: Path) -> None:
+    config = FlowConfig(boundaries=[3], values=[0.0, 0.01], raft="small", weights_path=str(raft_small_file))
+    loss = build_loss(LossConfig(perceptual_weight=0.0, flow=config))
+    term = loss.terms["flow"]
+    assert isinstance(term, FlowTerm) and term.network is None
+    assert "flow" not in loss.prepare(2, CPU) and term.network is None
+    assert loss.prepare(3, CPU)["flow"] == 0.01 and isinstance(term.network, RAFTFlow)
+    assert {p.dtype for p in term.network.parameters()} == {torch.bfloat16}
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.pth \(loss\.flow\.weights_path\)"):
+        build_loss(LossConfig(perceptual_weight=0.0, flow=FlowConfig(0.01, weights_path=str(raft_small_file.parent / "nowhere.pth"))))
+
+
+def test_a_missing_cache_file_says_which_file_goes_where(tmp_path: Path) -> None:
+    previous = torch.hub.get_dir()
+    torch.hub.set_dir(str(tmp_path / "hub"))
+    try:
+        with pytest.raises(FileNotFoundError) as err:
+            find_raft_weights("large")
+    finally:
+        torch.hub.set_dir(previous)
+    message = str(err.value)
+    assert f"https://download.pytorch.org/models/{RAFT_FILES['large']}" in message
+    assert str(tmp_path / "hub" / "checkpoints" / RAFT_FILES["large"]) in message
+    assert "loss.flow.weights_path" in message and "loss.flow.weight=0" in message and "\n" not in message
+
+
+def test_a_file_of_the_other_raft_is_refused_naming_keys(tmp_path: Path, raft_small_file: Path) -> None:
+    with pytest.raises(ValueError, match=r"does not hold torchvision's RAFT large weights \(loss\.flow\.raft=large\)"):
+        build_loss(LossConfig(perceptual_weight=0.0, flow=FlowConfig(0.01, raft="large", weights_path=str(raft_small_file))))
+    planted = tmp_path / "planted.pth"
+    torch.save({"feature_encoder.convnormrelu.0.weight": torch.zeros(1), "extra": nn.Linear(1, 1)}, planted)
+    with pytest.raises(Exception, match="refusing to load"):  # never unpickled
+        build_loss(LossConfig(perceptual_weight=0.0, flow=FlowConfig(0.01, raft="small", weights_path=str(planted))))
+
+
+def test_settings_and_clip_sizes_are_checked_naming_the_key() -> None:
+    with pytest.raises(ValueError, match=r"loss\.flow\.raft='huge' must be one of \['large', 'small'\]"):
+        LossConfig(flow=FlowConfig(0.01, raft="huge"))
+    with pytest.raises(ValueError, match=r"loss\.flow\.scale=0 must be an integer >= 1"):
+        LossConfig(flow=FlowConfig(0.01, scale=0))
+    with pytest.raises(ValueError, match=r"loss\.flow\.dtype='float16'"):
+        LossConfig(flow=FlowConfig(0.01, dtype="float16"))
+    config = FlowConfig(0.01)
+    assert config.clip_problems("loss.flow", 33, 256, 256) == []
+    assert config.clip_problems("loss.flow", 33, 720, 1280) == []
+    (height,) = config.clip_problems("loss.flow", 33, 200, 256)
+    assert height.startswith("data.height=200 / loss.flow.scale=2 = 100 pixels, but RAFT needs a multiple of 8")
+    assert len(config.clip_problems("loss.flow", 1, 250, 256)) == 2
+    assert FlowConfig(0.01, scale=1).clip_problems("loss.flow", 2, 128, 136) == []

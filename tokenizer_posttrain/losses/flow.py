@@ -1,0 +1,301 @@
+"""Optical-flow loss of NVIDIA's Cosmos tokenizer trainers: the motion between neighbouring frames, measured by
+torchvision's RAFT on input and reconstruction, must agree.
+
+Both videos are scaled down by ``scale`` (bilinear), RAFT measures the flow from every frame to the next (forward)
+and from every frame to the one before (backward), the flows are scaled back up to the clip's size (and their
+vectors by ``scale``), and the term is the L1 between the flows of input and reconstruction, averaged over the two
+flow components and the pixels of the frame pairs that count (both frames unmasked). Gradients reach the
+reconstruction through RAFT; RAFT itself is frozen, in eval mode, and held outside the training module (no
+checkpoint keys, no DDP buckets, no optimizer state).
+
+RAFT runs from torchvision's modules (the weights and layers are torchvision's) under a forward pass of ours, for
+speed: every frame of a clip goes through the feature and context encoders once (torchvision's forward encodes
+each frame of each pair, four times a frame for both directions), coordinates are made on the GPU in fp32 (no CPU
+tensors, which keep a compiled step from CUDA graphs), and only the last flow estimate is upsampled.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..core.errors import CheckpointError
+from ..core.untrusted import load_torch_file
+from .l1 import masked_mean
+from .terms import LossTerm, TermConfig
+
+RAFT_FILES = {"large": "raft_large_C_T_SKHT_V2-ff5fadd5.pth", "small": "raft_small_C_T_V2-01064c6d.pth"}
+"""torchvision's cache file of each RAFT (its default weights: the ones ``raft_large(pretrained=True)`` loads)."""
+RAFT_MIN_SIZE = 128
+"""The smallest side RAFT takes: its correlation pyramid halves a 1/8-resolution map three times."""
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass
+class FlowConfig(TermConfig):
+    """L1 between the bidirectional RAFT optical flows of input and reconstruction (NVIDIA's trainers: 0 before
+    step 250000, then 0.01). Needs torchvision's RAFT weights file; weight 0 (default): off, no file read."""
+
+    raft: str = "large"
+    """RAFT variant: ``large`` (the trainers') or ``small`` (about a fifth of the compute)."""
+    weights_path: Optional[str] = None
+    """torchvision's RAFT weights file (``raft_large_C_T_SKHT_V2-ff5fadd5.pth`` or
+    ``raft_small_C_T_V2-01064c6d.pth``); None looks in the torch hub cache."""
+    scale: int = 2
+    """RAFT sees the frames scaled down by this factor (the trainers' 2); each side divided by it must be a
+    multiple of 8 and at least 128 pixels."""
+    dtype: str = "bfloat16"
+    """RAFT's weights and convolutions: ``bfloat16`` (the trainers') or ``float32``."""
+    flow_updates: int = 12
+    """RAFT's refinement iterations (torchvision's and the trainers' 12)."""
+    checkpoint_activations: bool = False
+    """Recompute RAFT's activations on the reconstruction in the backward pass instead of keeping them (less
+    memory, one more RAFT pass)."""
+
+    def problems(self, key: str) -> list[str]:
+        problems = super().problems(key)
+        if self.raft not in RAFT_FILES:
+            problems.append(f"{key}.raft={self.raft!r} must be one of {sorted(RAFT_FILES)}")
+        if self.scale < 1:
+            problems.append(f"{key}.scale={self.scale} must be an integer >= 1")
+        if self.dtype not in DTYPES:
+            problems.append(f"{key}.dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
+        if self.flow_updates < 1:
+            problems.append(f"{key}.flow_updates={self.flow_updates} must be >= 1")
+        return problems
+
+    def clip_problems(self, key: str, frames: int, height: int, width: int) -> list[str]:
+        """What stops this term on clips of ``frames x height x width`` (``data.*``), each naming what to set."""
+        problems = [] if frames >= 2 else [f"{key} needs clips of at least 2 frames (data.frames={frames})"]
+        for name, size in (("data.height", height), ("data.width", width)):
+            scaled = size / self.scale
+            if size % self.scale or size // self.scale % 8 or scaled < RAFT_MIN_SIZE:
+                problems.append(
+                    f"{name}={size} / {key}.scale={self.scale} = {scaled:g} pixels, but RAFT needs a multiple of 8 "
+                    f"of at least {RAFT_MIN_SIZE} (clips of {RAFT_MIN_SIZE * self.scale}+ pixels in steps of "
+                    f"{8 * self.scale}, or a smaller {key}.scale)"
+                )
+        return problems
+
+
+def build_raft(raft: str = "large") -> nn.Module:
+    """torchvision's RAFT (``large`` or ``small``) with random weights, frozen and in eval mode."""
+    from torchvision.models.optical_flow import raft_large, raft_small
+
+    network = (raft_large if raft == "large" else raft_small)(weights=None, progress=False)
+    return network.eval().requires_grad_(False)
+
+
+def find_raft_weights(raft: str = "large", path: str | None = None) -> Path:
+    """The RAFT weights file: ``path`` if given, else torchvision's cache file under ``torch.hub.get_dir()``.
+
+    Raises ``FileNotFoundError`` saying which file to put where when it is missing.
+    """
+    name = RAFT_FILES[raft]
+    url = f"https://download.pytorch.org/models/{name}"
+    hint = "or turn the term off with loss.flow.weight=0"
+    if path is not None:
+        explicit = Path(path).expanduser()
+        if not explicit.is_file():
+            raise FileNotFoundError(
+                f"RAFT weights for the optical-flow loss not found at {explicit} (loss.flow.weights_path); "
+                f"download {url} there, {hint}."
+            )
+        return explicit
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / name
+    if not cached.is_file():
+        raise FileNotFoundError(
+            f"The optical-flow loss (loss.flow, RAFT {raft}) needs torchvision's weights file and nothing is "
+            f"downloaded at run time. Put {url} at {cached}, or set loss.flow.weights_path=/path/to/{name}, {hint}."
+        )
+    return cached
+
+
+def read_raft_state(path: str | Path, raft: str = "large", mmap: bool = False) -> dict[str, Tensor]:
+    """The weights of a torchvision RAFT file, checked against the network's keys and shapes; ``ValueError``
+    naming the file and the keys that do not fit. ``mmap`` maps the file instead of reading it (for checks)."""
+    try:
+        state = load_torch_file(path, mmap=mmap)
+    except CheckpointError:
+        if not mmap:
+            raise
+        state = load_torch_file(path)  # an old (non-zip) file cannot be mapped
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} is not a RAFT state dict (got {type(state).__name__})")
+    with torch.device("meta"):
+        expected = build_raft(raft).state_dict()
+    problems = [f"missing {key}" for key in expected.keys() - state.keys()]
+    problems += [f"unexpected {key}" for key in state.keys() - expected.keys()]
+    for key in expected.keys() & state.keys():
+        if tuple(state[key].shape) != tuple(expected[key].shape):
+            problems.append(f"{key} has shape {tuple(state[key].shape)}, expected {tuple(expected[key].shape)}")
+    if problems:
+        shown = sorted(problems)[:6] + ([f"... {len(problems) - 6} more"] if len(problems) > 6 else [])
+        raise ValueError(
+            f"{path} does not hold torchvision's RAFT {raft} weights (loss.flow.raft={raft}): " + "; ".join(shown)
+        )
+    return state
+
+
+def load_raft(path: str | Path, raft: str = "large") -> nn.Module:
+    """torchvision's RAFT with the weights of ``path`` (checked by :func:`read_raft_state`), frozen, eval mode."""
+    network = build_raft(raft)
+    network.load_state_dict(read_raft_state(path, raft), strict=True)
+    return network
+
+
+def _coordinates(n: int, h: int, w: int, device: torch.device) -> Tensor:
+    """``[n, 2, h, w]`` fp32 pixel coordinates, x (column) first, as RAFT counts them."""
+    rows = torch.arange(h, device=device, dtype=torch.float32).view(h, 1).expand(h, w)
+    cols = torch.arange(w, device=device, dtype=torch.float32).view(1, w).expand(h, w)
+    return torch.stack([cols, rows]).unsqueeze(0).expand(n, 2, h, w)
+
+
+class RAFTFlow(nn.Module):
+    """Bidirectional optical flow of every pair of neighbouring frames, from a torchvision RAFT's modules.
+
+    ``forward(frames [N, T, 3, h, w] in [-1, 1])`` -> ``[N, 2 (T - 1), 2, h, w]`` fp32: the flows from frame ``t`` to
+    ``t + 1`` for every ``t``, then from ``t + 1`` to ``t``; the same numbers as torchvision's ``RAFT(image1,
+    image2)[-1]`` on each pair. ``dtype`` is the convolutions' (autocast; the weights are stored in it), while
+    coordinates and flows stay fp32. Always in eval mode (its context encoder's batch norms keep their statistics).
+    """
+
+    def __init__(self, raft: nn.Module, dtype: torch.dtype = torch.bfloat16, flow_updates: int = 12) -> None:
+        super().__init__()
+        from torchvision.models.optical_flow._utils import upsample_flow
+
+        # RAFT's convex upsampling, torchvision's own (bound here: no import inside the compiled forward).
+        self._upsample = upsample_flow
+        self.raft = raft.to(dtype).requires_grad_(False)
+        self.dtype = dtype
+        self.flow_updates = flow_updates
+        self.train(False)
+
+    def train(self, mode: bool = True) -> "RAFTFlow":
+        # A frozen loss network: whatever a trainer asks, batch norm must not switch to batch statistics.
+        return super().train(False)
+
+    def forward(self, frames: Tensor) -> Tensor:
+        n, t, c, h, w = frames.shape
+        corr_block = self.raft.corr_block
+        with torch.autocast(frames.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+            images = frames.reshape(n * t, c, h, w).to(self.dtype)
+            # Each frame encoded once; pairs are picked from the encodings (forward pairs, then backward pairs).
+            features = self.raft.feature_encoder(images).unflatten(0, (n, t))
+            context = self.raft.context_encoder(images).unflatten(0, (n, t))
+            first = torch.cat([features[:, :-1], features[:, 1:]], dim=1).flatten(0, 1)
+            second = torch.cat([features[:, 1:], features[:, :-1]], dim=1).flatten(0, 1)
+            context = torch.cat([context[:, :-1], context[:, 1:]], dim=1).flatten(0, 1)
+            hidden_size = self.raft.update_block.hidden_state_size
+            hidden, context = context.split([hidden_size, context.shape[1] - hidden_size], dim=1)
+            hidden, context = torch.tanh(hidden), F.relu(context)
+            pyramid = _correlation_pyramid(first, second, corr_block.num_levels)
+            pairs, _, h8, w8 = first.shape
+            coords0 = _coordinates(pairs, h8, w8, frames.device)
+            coords1 = coords0
+            for _ in range(self.flow_updates):
+                # As torchvision's RAFT: no gradient through the running estimate, only through each update.
+                coords1 = coords1.detach()
+                correlation = _look_up(pyramid, coords1, corr_block.radius)
+                hidden, delta = self.raft.update_block(hidden, context, correlation, coords1 - coords0)
+                coords1 = coords1 + delta.float()
+            up_mask = None if self.raft.mask_predictor is None else self.raft.mask_predictor(hidden).float()
+        flow = self._upsample(coords1 - coords0, up_mask)
+        return flow.unflatten(0, (n, 2 * (t - 1)))
+
+
+def _correlation_pyramid(first: Tensor, second: Tensor, levels: int) -> list[Tensor]:
+    """RAFT's all-pairs correlation of two ``[N, C, h, w]`` feature maps, ``[N h w, 1, h, w]``, and its
+    ``levels - 1`` successive 2x average poolings."""
+    n, c, h, w = first.shape
+    volume = torch.matmul(first.flatten(2).transpose(1, 2), second.flatten(2)) / c**0.5
+    pyramid = [volume.reshape(n * h * w, 1, h, w)]
+    for _ in range(levels - 1):
+        pyramid.append(F.avg_pool2d(pyramid[-1], kernel_size=2, stride=2))
+    return pyramid
+
+
+def _look_up(pyramid: list[Tensor], coords: Tensor, radius: int) -> Tensor:
+    """RAFT's correlation features: each level of the pyramid sampled (bilinear) on the ``(2 radius + 1)^2``
+    grid around ``coords`` ``[N, 2, h, w]`` (halved per level), channels in torchvision's order."""
+    n, _, h, w = coords.shape
+    side = 2 * radius + 1
+    offsets = torch.arange(-radius, radius + 1, device=coords.device, dtype=torch.float32)
+    # torchvision's neighbourhood: the first offset moves x along the window's rows, the second y along columns.
+    delta = torch.stack(torch.meshgrid(offsets, offsets, indexing="ij"), dim=-1).view(1, side, side, 2)
+    centres = coords.permute(0, 2, 3, 1).reshape(n * h * w, 1, 1, 2)
+    sampled = []
+    for volume in pyramid:
+        vh, vw = volume.shape[-2:]
+        points = centres + delta
+        # Absolute pixel positions -> grid_sample's [-1, 1] with align_corners=True.
+        grid = torch.cat([2 * points[..., :1] / (vw - 1) - 1, 2 * points[..., 1:] / (vh - 1) - 1], dim=-1)
+        values = F.grid_sample(volume.float(), grid, mode="bilinear", align_corners=True)
+        sampled.append(values.view(n, h, w, side * side))
+        centres = centres / 2
+    return torch.cat(sampled, dim=-1).permute(0, 3, 1, 2).contiguous()
+
+
+def bidirectional_flow(video: Tensor, network: nn.Module, scale: int) -> Tensor:
+    """``[B, 3, T, H, W]`` -> ``[B, 2, 2 (T - 1), H, W]`` fp32: ``network``'s forward then backward flows of the
+    video scaled down by ``scale``, scaled back up (size and vectors), as NVIDIA's trainers compute them."""
+    b, c, t, h, w = video.shape
+    frames = video.transpose(1, 2)
+    if scale > 1:
+        small = F.interpolate(frames.reshape(b * t, c, h, w), size=(h // scale, w // scale), mode="bilinear")
+        frames = small.unflatten(0, (b, t))
+    flow = network(frames).float()  # [B, 2 (T-1), 2, h, w]
+    if scale > 1:
+        flow = scale * F.interpolate(flow.flatten(0, 1), size=(h, w), mode="bilinear").unflatten(0, flow.shape[:2])
+    return flow.transpose(1, 2)
+
+
+def pair_mask(mask: Tensor, shape: torch.Size) -> Tensor:
+    """``[B, 1, T, H, W]`` pixel mask -> ``[B, 1, 2 (T - 1), H, W]``: 1 where a pixel counts in both frames of a
+    pair, for the forward pairs, then the backward ones."""
+    b, _, t, h, w = shape
+    mask = mask.float().expand(b, 1, t, h, w)
+    both = mask[:, :, :-1] * mask[:, :, 1:]
+    return torch.cat([both, both], dim=2)
+
+
+class FlowTerm(LossTerm):
+    """Mask-weighted L1 between the :func:`bidirectional_flow` of input and reconstruction.
+
+    ``network`` replaces RAFT (any module with :class:`RAFTFlow`'s ``forward``); without it, the weights file is
+    found at launch (:meth:`check`) and RAFT built the first time the term is on (:meth:`prepare`).
+    """
+
+    def __init__(self, config: FlowConfig, network: Optional[nn.Module] = None) -> None:
+        super().__init__()
+        self.config = config
+        self.injected = network is not None
+        self.network = network
+
+    def check(self) -> None:
+        if not self.injected:
+            read_raft_state(find_raft_weights(self.config.raft, self.config.weights_path), self.config.raft, mmap=True)
+
+    def prepare(self, device: torch.device) -> None:
+        if self.network is None:
+            raft = load_raft(find_raft_weights(self.config.raft, self.config.weights_path), self.config.raft)
+            self.network = RAFTFlow(raft, DTYPES[self.config.dtype], self.config.flow_updates)
+        self.network.to(device)
+
+    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+        if self.network is None:
+            raise RuntimeError("FlowTerm.prepare() must run before the first forward")
+        if reconstruction.shape[2] < 2:
+            raise ValueError(f"loss.flow needs clips of at least 2 frames, got {tuple(reconstruction.shape)}")
+        scale = self.config.scale
+        with torch.no_grad():
+            target_flow = bidirectional_flow(target, self.network, scale)
+        if self.config.checkpoint_activations and torch.is_grad_enabled() and reconstruction.requires_grad:
+            flow = checkpoint(bidirectional_flow, reconstruction, self.network, scale, use_reentrant=False)
+        else:
+            flow = bidirectional_flow(reconstruction, self.network, scale)
+        return masked_mean((flow - target_flow).abs(), pair_mask(mask, reconstruction.shape))
