@@ -107,3 +107,28 @@ def test_a_scheduled_term_joins_the_loss_at_its_boundary(tmp_path: Path, vgg_fil
     terms = {step: set(row) for step, row in recorder.rows if "train/loss" in row}
     assert [("train/perceptual" in terms[step]) for step in range(4)] == [False, False, True, True]
     assert module.loss.vgg.network is not None
+
+
+def test_the_flow_term_trains_the_tokenizer_and_raft_stays_out_of_checkpoints_and_optimizer(tmp_path: Path) -> None:
+    from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
+    from tokenizer_posttrain.losses.flow import RAFT_FILES, FlowConfig, build_raft
+
+    raft_file = tmp_path / RAFT_FILES["small"]
+    torch.manual_seed(0)
+    torch.save(build_raft("small").state_dict(), raft_file)
+    flow = FlowConfig(0.5, raft="small", weights_path=str(raft_file), scale=1, flow_updates=2)
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), LossConfig(perceptual_weight=0.0, flow=flow))
+    recorder = Recorder()
+    clips = SyntheticVideoDataModule(frames=9, height=128, width=128, num_workers=0, num_train_samples=4)
+    trainer = fit(module, tmp_path, steps=2, logger=recorder, log_every_n_steps=1, datamodule=clips)
+    logged = [row for _, row in recorder.rows if "train/loss" in row]
+    assert len(logged) == 2 and all(row["train/flow"] > 0 for row in logged)
+    raft = module.loss.terms["flow"].network
+    raft_params = list(raft.parameters())
+    assert raft_params and all(not p.requires_grad and p.grad is None for p in raft_params)
+    assert {p.dtype for p in raft_params} == {torch.bfloat16} and not raft.training
+    optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
+    assert not optimized & {id(p) for p in raft_params}
+    trainer.save_checkpoint(tmp_path / "flow.ckpt")
+    saved = torch.load(tmp_path / "flow.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    assert saved and all(key.startswith("network.") for key in saved)
