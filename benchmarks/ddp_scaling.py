@@ -9,11 +9,12 @@ the NeMo-Run argument parsing is skipped. Rank 0 prints the median of the run's 
     torchrun --nproc-per-node 1 benchmarks/ddp_scaling.py --model CV8x8x8 --micro-batch 8 --steps 60
     torchrun --nproc-per-node 2 benchmarks/ddp_scaling.py --model CV8x8x8 --micro-batch 8 --steps 60
 
-``--perceptual`` turns the VGG16 loss on with randomly initialised VGG weights (timing only: the
-real weights file is the user's). Extra ``group.key=value`` arguments set any config field, as on
-the command line (e.g. ``model.compile=true model.cuda_graphs=true``). ``--accumulate N`` runs N
-micro-batches per optimizer step (the recipes run one clip per GPU, 8 per step on one GPU). The
-printed ``cuda_graph_skips`` counts compiled graphs Inductor ran without CUDA graphs (0 when all ran).
+``--perceptual`` turns the VGG16 loss on. Every term that reads a weights file (perceptual, gram: VGG16; flow:
+RAFT) reads one with random weights written here (timing only: the real files are the user's), so that e.g.
+``loss.gram.weight=0.062`` or ``loss.flow.weight=0.01`` needs nothing else. Extra ``group.key=value``
+arguments set any config field, as on the command line (e.g. ``model.compile=true model.cuda_graphs=true``).
+``--accumulate N`` runs N micro-batches per optimizer step (the recipes run one clip per GPU, 8 per step on one
+GPU). The printed ``cuda_graph_skips`` counts compiled graphs Inductor ran without CUDA graphs (0 when all ran).
 """
 
 from __future__ import annotations
@@ -66,6 +67,16 @@ def random_vgg_file(directory: Path) -> str:
     path = directory / "vgg16_random.pth"
     if not path.exists():
         torch.save(VGG16Features().state_dict(), path)
+    return str(path)
+
+
+def random_raft_file(directory: Path, raft: str) -> str:
+    """A torchvision RAFT state dict with random weights."""
+    from tokenizer_posttrain.losses.flow import build_raft
+
+    path = directory / f"raft_{raft}_random.pth"
+    if not path.exists():
+        torch.save(build_raft(raft).state_dict(), path)
     return str(path)
 
 
@@ -224,12 +235,15 @@ def main() -> None:
         "log": cfg.LogConfig(log_dir=str(Path(args.out) / "ddp_runs"), name=name, export_on_end=False),
         "loss": cfg.LossConfig(perceptual_weight=0.1 if args.perceptual else 0.0),
     }
-    if args.perceptual:
-        configs["loss"].perceptual.weights_path = random_vgg_file(Path(tempfile.gettempdir()))
     for item in args.overrides:
         key, _, value = item.partition("=")
         group, _, rest = key.partition(".")
         _set(configs[group], rest, value)
+    loss = configs["loss"]
+    if loss.perceptual.weights_path is None:
+        loss.perceptual.weights_path = random_vgg_file(Path(tempfile.gettempdir()))
+    if loss.flow.weights_path is None:
+        loss.flow.weights_path = random_raft_file(Path(tempfile.gettempdir()), loss.flow.raft)
     if ddp_kwargs and world > 1:  # on top of the settings training uses
         merged = {**training_ddp_kwargs(configs["model"]), **ddp_kwargs}
         configs["trainer"].strategy = DDPStrategy(**merged)  # type: ignore[assignment]

@@ -19,7 +19,7 @@ CPU = torch.device("cpu")
 
 def test_every_term_is_a_config_field() -> None:
     config = LossConfig()
-    assert list(TERMS) == ["l1", "perceptual", "gram", "high_freq", "consistency"]
+    assert list(TERMS) == ["l1", "perceptual", "gram", "high_freq", "flow", "consistency"]
     assert all(hasattr(config, name) for name in TERMS)
 
 
@@ -75,7 +75,7 @@ def test_shorthand_weights_set_the_terms() -> None:
         ({"l1_weight": 0.0, "perceptual_weight": 0.0}, "every loss term has weight 0 at step 0"),
         (
             {"l1": L1Config(boundaries=[9], values=[1.0, 0.0]), "perceptual_weight": 0.0},
-            "every loss term has weight 0 at step 10",
+            "every loss term has weight 0 at step 9",
         ),
     ],
 )

@@ -1,0 +1,115 @@
+"""The optical-flow loss term alone, forward and backward, against NeMo's way of running it (not a test).
+
+Times one call of the term (target flows without gradient, reconstruction flows with it, the L1, and the backward
+pass into the reconstruction) on ``[B, 3, T, H, W]`` bf16 videos on one GPU, for:
+
+* ``nemo``: NeMo's tokenizer trainer's way, rebuilt here for timing: torchvision's ``RAFT.forward`` called once per
+  clip in a Python loop, on bf16 weights, forward flows on the pairs of the clip, backward flows on the clip
+  played backwards, trilinear rescaling; not compiled. (NeMo patches torchvision to make its coordinate grids in
+  bf16; here autocast takes care of the mixed dtypes instead.)
+* ``ours``: :class:`tokenizer_posttrain.losses.flow.FlowTerm` eager (all clips' frame pairs in one RAFT call, each
+  frame encoded once, the last estimate upsampled only).
+* ``ours+compile``: the same under ``torch.compile`` (as ``model.compile`` compiles it with the step).
+
+RAFT has random weights (timing only); both paths use the same ones, and the script prints their two loss values
+(they agree to bf16 noise). Reports the median of ``--steps`` calls after ``--warmup``, and peak memory::
+
+    PYTHONPATH=. python3 benchmarks/flow_term.py --batch 8 --frames 33 --size 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tokenizer_posttrain.losses.flow import FlowConfig, FlowTerm, RAFTFlow, build_raft
+
+
+class NemoStyleFlow(nn.Module):
+    """NeMo's flow term as it runs there: a loop over clips, torchvision's RAFT forward per clip and direction."""
+
+    def __init__(self, raft: nn.Module, scale: int = 2) -> None:
+        super().__init__()
+        self.raft = raft
+        self.scale = scale
+
+    def _forward_flows(self, video: Tensor) -> Tensor:
+        flows = []
+        for clip in video:  # [3, T, h, w]
+            frames = clip.transpose(0, 1)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                flows.append(self.raft(frames[:-1], frames[1:])[-1].float().transpose(0, 1))
+        return torch.stack(flows)  # [B, 2, T-1, h, w]
+
+    def bidirectional(self, video: Tensor) -> Tensor:
+        t, h, w = video.shape[-3:]
+        small = F.interpolate(video, (t, h // self.scale, w // self.scale), mode="trilinear")
+        forward = self._forward_flows(small)
+        backward = self._forward_flows(small.flip([2])).flip([2])
+        both = torch.cat([forward, backward], dim=2)
+        return self.scale * F.interpolate(both, (2 * (t - 1), h, w), mode="trilinear")
+
+    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+        return (self.bidirectional(target) - self.bidirectional(reconstruction)).abs().mean()
+
+
+def time_path(name: str, fn, video: Tensor, steps: int, warmup: int) -> dict:  # noqa: ANN001
+    mask = torch.ones_like(video[:, :1])
+    torch.cuda.reset_peak_memory_stats()
+    times, value = [], None
+    for step in range(warmup + steps):
+        reconstruction = (video + 0.02 * torch.randn_like(video)).requires_grad_(True)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = fn(reconstruction, video, mask)
+        loss.backward()
+        torch.cuda.synchronize()
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+        value = float(loss)
+    ms = statistics.median(times) * 1e3
+    b = video.shape[0]
+    return {
+        "path": name,
+        "ms_per_call": round(ms, 1),
+        "clips_per_s": round(b / (ms / 1e3), 1),
+        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+        "loss": round(value, 5),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--frames", type=int, default=33)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--raft", default="large", choices=["large", "small"])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--paths", nargs="+", default=["nemo", "ours", "ours+compile"])
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    raft = build_raft(args.raft).cuda()
+    video = torch.rand(args.batch, 3, args.frames, args.size, args.size, device="cuda") * 2 - 1
+    # Smooth moving content, so RAFT's iterations see structure (random weights or not, the cost is the same).
+    video = F.avg_pool3d(video, (1, 9, 9), stride=1, padding=(0, 4, 4)).clamp(-1, 1).to(torch.bfloat16)
+    config = FlowConfig(0.01, raft=args.raft)
+    term = FlowTerm(config, RAFTFlow(raft, torch.bfloat16, config.flow_updates))
+    term.prepare(torch.device("cuda"))
+    paths = {
+        "nemo": NemoStyleFlow(term.network.raft, config.scale),
+        "ours": term,
+        "ours+compile": torch.compile(term, dynamic=False),
+    }
+    for name in args.paths:
+        print(json.dumps(time_path(name, paths[name], video, args.steps, args.warmup)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
