@@ -94,5 +94,5 @@ def test_loss_overrides_reach_the_terms(overrides: list[str], l1: tuple, percept
     assert (loss.l1.weight, loss.l1.boundaries, loss.l1.values) == l1
     assert (loss.perceptual.weight, loss.perceptual.boundaries, loss.perceptual.values) == perceptual
     if "loss.perceptual.frame_chunk=4" in overrides:
-        assert loss.perceptual.frame_chunk == 4 and loss.weights_at(100) == {"l1": 1.0}
-        assert loss.weights_at(101) == {"l1": 1.0, "perceptual": 0.1}
+        assert loss.perceptual.frame_chunk == 4 and loss.weights_at(99) == {"l1": 1.0}
+        assert loss.weights_at(100) == {"l1": 1.0, "perceptual": 0.1}
