@@ -157,7 +157,8 @@ def test_bf16_raft_keeps_fp32_flows_close_to_fp32_raft(raft_small: nn.Module) ->
 
 def test_a_term_at_weight_zero_builds_nothing_and_reads_no_file(tmp_path: Path) -> None:
     missing = str(tmp_path / "nowhere.pth")
-    loss = build_loss(LossConfig(perceptual_weight=0.0, flow=FlowConfig(0.0, weights_path=missing)))  # off: the file is not looked for
+    # Off: the file is not looked for.
+    loss = build_loss(LossConfig(perceptual_weight=0.0, flow=FlowConfig(0.0, weights_path=missing)))
     assert "flow" not in loss.terms
 
 
@@ -170,7 +171,11 @@ def test_a_scheduled_flow_term_is_found_at_launch_and_built_when_first_on(raft_s
     assert loss.prepare(3, CPU)["flow"] == 0.01 and isinstance(term.network, RAFTFlow)
     assert {p.dtype for p in term.network.parameters()} == {torch.bfloat16}
     with pytest.raises(FileNotFoundError, match=r"nowhere\.pth \(loss\.flow\.weights_path\)"):
-        build_loss(LossConfig(perceptual_weight=0.0, flow=FlowConfig(0.01, weights_path=str(raft_small_file.parent / "nowhere.pth"))))
+        build_loss(
+            LossConfig(
+                perceptual_weight=0.0, flow=FlowConfig(0.01, weights_path=str(raft_small_file.parent / "nowhere.pth"))
+            )
+        )
 
 
 def test_a_missing_cache_file_says_which_file_goes_where(tmp_path: Path) -> None:
@@ -189,7 +194,9 @@ def test_a_missing_cache_file_says_which_file_goes_where(tmp_path: Path) -> None
 
 def test_a_file_of_the_other_raft_is_refused_naming_keys(tmp_path: Path, raft_small_file: Path) -> None:
     with pytest.raises(ValueError, match=r"does not hold torchvision's RAFT large weights \(loss\.flow\.raft=large\)"):
-        build_loss(LossConfig(perceptual_weight=0.0, flow=FlowConfig(0.01, raft="large", weights_path=str(raft_small_file))))
+        build_loss(
+            LossConfig(perceptual_weight=0.0, flow=FlowConfig(0.01, raft="large", weights_path=str(raft_small_file)))
+        )
     planted = tmp_path / "planted.pth"
     torch.save({"feature_encoder.convnormrelu.0.weight": torch.zeros(1), "extra": nn.Linear(1, 1)}, planted)
     with pytest.raises(Exception, match="refusing to load"):  # never unpickled

@@ -120,8 +120,10 @@ def check_loss_clips(model: ModelConfig, data: DataConfig, loss: LossConfig) -> 
     if loss.flow.ever_on:
         problems += loss.flow.clip_problems("loss.flow", data.frames, data.height, data.width)
     if problems:
-        raise ValueError(f"the loss does not fit {cfg.name} clips of {data.frames}x{data.height}x{data.width}: "
-                         + "; ".join(problems))
+        raise ValueError(
+            f"the loss does not fit {cfg.name} clips of {data.frames}x{data.height}x{data.width}: "
+            + "; ".join(problems)
+        )
 
 
 def build_datamodule(
