@@ -11,6 +11,10 @@ from typing import Optional
 import nemo_run as run
 
 from tokenizer_posttrain.losses import LossConfig
+from tokenizer_posttrain.losses.consistency import ConsistencyConfig
+from tokenizer_posttrain.losses.flow import FlowConfig
+from tokenizer_posttrain.losses.gram import GramConfig
+from tokenizer_posttrain.losses.high_freq import HighFreqConfig
 from tokenizer_posttrain.losses.l1 import L1Config
 from tokenizer_posttrain.losses.perceptual import PerceptualConfig
 from tokenizer_posttrain.training.acceleration import GPU_SETTINGS
@@ -45,6 +49,22 @@ def loss(perceptual_weight: float = 0.1) -> run.Config[LossConfig]:
     """L1 + VGG16 perceptual loss (weight 0.1 as in the Cosmos recipe; 0 needs no VGG16 file)."""
     return run.Config(
         LossConfig, l1=run.Config(L1Config), perceptual=run.Config(PerceptualConfig, weight=perceptual_weight)
+    )
+
+
+def cosmos_loss() -> run.Config[LossConfig]:
+    """The loss of NVIDIA's NeMo post-training of the Cosmos tokenizers (its ``tokenizer/losses/config.py``):
+    L1 at weight 1; perceptual 0.1, 0.073 from step 500000; Gram 0, 0.062 from step 500000; optical flow (RAFT
+    large, frames scaled by 2, bf16) 0, 0.01 from step 250000. NeMo's loss has no high-frequency or consistency
+    term (cosmos-predict1's trainer ships both off): weight 0 here. Needs torchvision's VGG16 and RAFT large files."""
+    return run.Config(
+        LossConfig,
+        l1=run.Config(L1Config, weight=1.0),
+        perceptual=run.Config(PerceptualConfig, boundaries=[500000], values=[0.1, 0.073]),
+        gram=run.Config(GramConfig, boundaries=[500000], values=[0.0, 0.062]),
+        high_freq=run.Config(HighFreqConfig, weight=0.0),
+        flow=run.Config(FlowConfig, boundaries=[250000], values=[0.0, 0.01], raft="large", scale=2, dtype="bfloat16"),
+        consistency=run.Config(ConsistencyConfig, weight=0.0),
     )
 
 

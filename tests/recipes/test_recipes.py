@@ -10,6 +10,7 @@ from tokenizer_posttrain.training.config import DataConfig, ModelConfig, Trainer
 from tokenizer_posttrain.training.train import train
 
 FACTORIES = {
+    "cosmos_finetune": (recipes.cosmos_finetune.cosmos_finetune, "CV8x8x8"),
     "cv8x8x8": (recipes.cv8x8x8.cv8x8x8, "CV8x8x8"),
     "dv8x16x16": (recipes.dv8x16x16.dv8x16x16, "DV8x16x16"),
     "tiny": (recipes.tiny.tiny, "CV8x8x8"),
@@ -94,5 +95,57 @@ def test_loss_overrides_reach_the_terms(overrides: list[str], l1: tuple, percept
     assert (loss.l1.weight, loss.l1.boundaries, loss.l1.values) == l1
     assert (loss.perceptual.weight, loss.perceptual.boundaries, loss.perceptual.values) == perceptual
     if "loss.perceptual.frame_chunk=4" in overrides:
-        assert loss.perceptual.frame_chunk == 4 and loss.weights_at(100) == {"l1": 1.0}
-        assert loss.weights_at(101) == {"l1": 1.0, "perceptual": 0.1}
+        assert loss.perceptual.frame_chunk == 4 and loss.weights_at(99) == {"l1": 1.0}
+        assert loss.weights_at(100) == {"l1": 1.0, "perceptual": 0.1}
+
+
+# NeMo's tokenizer/losses/config.py: weight of each term at steps 0, 249999, 250000, 499999, 500000.
+NEMO_SCHEDULE_STEPS = (0, 249999, 250000, 499999, 500000)
+NEMO_SCHEDULES = {
+    "l1": (1.0, 1.0, 1.0, 1.0, 1.0),
+    "perceptual": (0.1, 0.1, 0.1, 0.1, 0.073),
+    "gram": (0.0, 0.0, 0.0, 0.0, 0.062),
+    "flow": (0.0, 0.0, 0.01, 0.01, 0.01),
+    "high_freq": (0.0, 0.0, 0.0, 0.0, 0.0),
+    "consistency": (0.0, 0.0, 0.0, 0.0, 0.0),
+}
+
+
+def test_cosmos_finetune_has_nemos_loss_and_the_cv8x8x8_run() -> None:
+    from tokenizer_posttrain.losses import TERMS
+
+    kw = fdl.build(recipes.cosmos_finetune.cosmos_finetune()).keywords
+    loss = kw["loss"]
+    assert set(NEMO_SCHEDULES) == set(TERMS)
+    for name, weights in NEMO_SCHEDULES.items():
+        assert tuple(loss.term(name).weight_at(step) for step in NEMO_SCHEDULE_STEPS) == weights, name
+    assert (loss.flow.raft, loss.flow.scale, loss.flow.dtype, loss.flow.weights_path) == ("large", 2, "bfloat16", None)
+    assert (loss.flow.flow_updates, loss.flow.checkpoint_activations) == (12, False)
+    assert not loss.high_freq.ever_on and not loss.consistency.ever_on
+    # The rest is the cv8x8x8 recipe's (but the run's name).
+    cv = fdl.build(recipes.cv8x8x8.cv8x8x8()).keywords
+    for group in ("model", "data", "trainer", "optim", "resume"):
+        assert kw[group] == cv[group], group
+    assert kw["log"].name == "cosmos_finetune_cv8x8x8"
+    other = fdl.build(recipes.cosmos_finetune.cosmos_finetune(model_name="Cosmos-1.0-Tokenizer-DV8x16x16")).keywords
+    assert resolve_name(other["model"].model) == "DV8x16x16" and other["loss"] == loss
+
+
+def test_overrides_reach_the_cosmos_finetune_loss() -> None:
+    overrides = [
+        "loss.flow.boundaries=[1000]",
+        "loss.flow.raft=small",
+        "loss.flow.weights_path=/raft.pth",
+        "loss.gram.values=[0.0,0.5]",
+        "loss.high_freq.weight=0.2",
+        "trainer.max_steps=2000",
+    ]
+    kw = fdl.build(parse_cli_args(recipes.cosmos_finetune.cosmos_finetune(), overrides)).keywords
+    loss = kw["loss"]
+    assert (loss.flow.boundaries, loss.flow.values, loss.flow.raft) == ([1000], [0.0, 0.01], "small")
+    assert (loss.flow.weights_path, loss.flow.scale, loss.flow.dtype) == ("/raft.pth", 2, "bfloat16")
+    assert (loss.gram.boundaries, loss.gram.values) == ([500000], [0.0, 0.5])
+    assert loss.weights_at(999) == {"l1": 1.0, "perceptual": 0.1, "high_freq": 0.2}
+    assert loss.weights_at(1000) == {"l1": 1.0, "perceptual": 0.1, "high_freq": 0.2, "flow": 0.01}
+    assert kw["trainer"].max_steps == 2000
+    assert any("loss.gram.boundaries=[500000]" in note for note in loss.unreached_changes(2000))

@@ -134,3 +134,27 @@ def test_a_live_run_in_the_folder_stops_the_launch(tmp_path: Path) -> None:
     with pytest.raises(RunFolderBusy, match=f"PID {os.getppid()}"):
         train(**tiny_run(tmp_path))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_resumed_run_keeps_the_schedule_on_the_optimizer_step(tmp_path: Path) -> None:
+    """A schedule switching at step 3 switches there in a run resumed at step 2, not 3 steps into the resume."""
+    from tests.conftest import read_metrics
+    from tokenizer_posttrain.losses.high_freq import HighFreqConfig
+
+    loss = {"perceptual_weight": 0.0, "high_freq": HighFreqConfig(boundaries=[3], values=[0.0, 0.2])}
+    with pytest.warns(UserWarning, match=r"loss\.high_freq\.boundaries=\[3\]: trainer\.max_steps=2 ends before step 3"):
+        run_dir = train(**tiny_run(tmp_path, steps=2, loss=loss))
+    assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 2
+    # Same settings, more steps: resumes without resume.allow_changes (max_steps does not define the run).
+    assert train(**tiny_run(tmp_path, steps=5, loss=loss)) == run_dir
+    assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 5
+
+    rows = {int(row["step"]): row for row in read_metrics(run_dir) if row.get("train/loss")}
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    assert [step for step, row in rows.items() if row.get("train/high_freq")] == [3, 4]
+    for step in (3, 4):
+        l1, high_freq, total = (float(rows[step][f"train/{key}"]) for key in ("l1", "high_freq", "loss"))
+        assert high_freq > 0 and total == pytest.approx(l1 + 0.2 * high_freq, rel=1e-5, abs=1e-7)
+    for step in (0, 1, 2):  # L1 alone before the boundary
+        assert float(rows[step]["train/loss"]) == pytest.approx(float(rows[step]["train/l1"]), rel=1e-6)
