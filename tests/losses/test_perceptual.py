@@ -14,6 +14,7 @@ from tokenizer_posttrain.losses.perceptual import (
     PerceptualLoss,
     VGG16Features,
     VGG16Pass,
+    _padded_conv,
     find_vgg16_weights,
     load_vgg16_features,
 )
@@ -86,6 +87,56 @@ def test_state_dict_matches_torchvision_layout() -> None:
     state = VGG16Features().state_dict()
     assert {key: tuple(value.shape) for key, value in state.items()} == torchvision_feature_shapes()
     assert len(state) == 26
+
+
+class _HandBuiltTrunk(torch.nn.Module):
+    """The trunk the package built by hand before it took torchvision's (kept only to compare the two)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[torch.nn.Module] = []
+        channels = 3
+        for width in CONFIG_D[:-1]:  # up to relu5_3: the last max-pool has no weights and no tap after it
+            if width == "M":
+                layers.append(torch.nn.MaxPool2d(kernel_size=2, stride=2))
+            else:
+                layers += [torch.nn.Conv2d(channels, width, kernel_size=3, padding=1), torch.nn.ReLU()]
+                channels = width
+        self.features = torch.nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor, channels_multiple: int = 1) -> list[torch.Tensor]:
+        taps = []
+        for index, layer in enumerate(self.features):
+            x = _padded_conv(layer, x, channels_multiple) if index == 0 and channels_multiple > 1 else layer(x)
+            if index in (3, 8, 15, 22, 29):
+                taps.append(x)
+        return taps
+
+
+def test_torchvision_trunk_gives_the_hand_built_values() -> None:
+    state = {key: value for key, value in random_vgg16_state().items() if key.startswith("features.")}
+    old, new = _HandBuiltTrunk().eval(), VGG16Features()
+    assert {k: v.shape for k, v in old.state_dict().items()} == {k: v.shape for k, v in new.state_dict().items()}
+    old.load_state_dict(state, strict=True)
+    new.load_state_dict(state, strict=True)
+    frames = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    with torch.no_grad():
+        for channels_multiple in (1, 8):
+            for before, after in zip(old(frames, channels_multiple), new(frames, channels_multiple), strict=True):
+                assert torch.equal(after, before)
+    # The loss on top (NCHW and NHWC): the same value, and the same gradient for the reconstruction.
+    target, noise = videos(b=2, t=2, size=32)
+    for channels_last in (False, True):
+        values, grads = [], []
+        for vgg in (old, new):
+            recon = (target + 0.1 * noise).requires_grad_(True)
+            value = PerceptualLoss(vgg=vgg.requires_grad_(False), channels_last=channels_last)(  # type: ignore[arg-type]
+                recon, target
+            )
+            value.backward()
+            values.append(value)
+            grads.append(recon.grad)
+        assert torch.equal(values[1], values[0]) and torch.equal(grads[1], grads[0])
 
 
 def test_load_ignores_classifier_and_freezes(weights_file: Path) -> None:
