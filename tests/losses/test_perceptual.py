@@ -9,12 +9,12 @@ import torch
 
 from tokenizer_posttrain.losses import LossConfig, build_loss
 from tokenizer_posttrain.losses.perceptual import (
+    TAPS,
     VGG16_FILE,
     PerceptualConfig,
     PerceptualLoss,
     VGG16Features,
     VGG16Pass,
-    _padded_conv,
     find_vgg16_weights,
     load_vgg16_features,
 )
@@ -84,59 +84,32 @@ def videos(b: int = 2, t: int = 2, size: int = 16, seed: int = 0) -> tuple[torch
 
 
 def test_state_dict_matches_torchvision_layout() -> None:
+    from torchvision.models import vgg16
+
     state = VGG16Features().state_dict()
     assert {key: tuple(value.shape) for key, value in state.items()} == torchvision_feature_shapes()
     assert len(state) == 26
+    # The features.* of what torchvision's VGG16 saves (the layout of its weight file).
+    with torch.device("meta"):
+        saved = {key: tuple(value.shape) for key, value in vgg16(weights=None).state_dict().items()}
+    assert {key: shape for key, shape in saved.items() if key.startswith("features.")} == torchvision_feature_shapes()
+    assert {key: shape for key, shape in saved.items() if key.startswith("classifier.")} == CLASSIFIER_SHAPES
 
 
-class _HandBuiltTrunk(torch.nn.Module):
-    """The trunk the package built by hand before it took torchvision's (kept only to compare the two)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        layers: list[torch.nn.Module] = []
-        channels = 3
-        for width in CONFIG_D[:-1]:  # up to relu5_3: the last max-pool has no weights and no tap after it
-            if width == "M":
-                layers.append(torch.nn.MaxPool2d(kernel_size=2, stride=2))
-            else:
-                layers += [torch.nn.Conv2d(channels, width, kernel_size=3, padding=1), torch.nn.ReLU()]
-                channels = width
-        self.features = torch.nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor, channels_multiple: int = 1) -> list[torch.Tensor]:
-        taps = []
-        for index, layer in enumerate(self.features):
-            x = _padded_conv(layer, x, channels_multiple) if index == 0 and channels_multiple > 1 else layer(x)
-            if index in (3, 8, 15, 22, 29):
-                taps.append(x)
-        return taps
-
-
-def test_torchvision_trunk_gives_the_hand_built_values() -> None:
-    state = {key: value for key, value in random_vgg16_state().items() if key.startswith("features.")}
-    old, new = _HandBuiltTrunk().eval(), VGG16Features()
-    assert {k: v.shape for k, v in old.state_dict().items()} == {k: v.shape for k, v in new.state_dict().items()}
-    old.load_state_dict(state, strict=True)
-    new.load_state_dict(state, strict=True)
-    frames = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(3)) * 2 - 1
-    with torch.no_grad():
-        for channels_multiple in (1, 8):
-            for before, after in zip(old(frames, channels_multiple), new(frames, channels_multiple), strict=True):
-                assert torch.equal(after, before)
-    # The loss on top (NCHW and NHWC): the same value, and the same gradient for the reconstruction.
-    target, noise = videos(b=2, t=2, size=32)
-    for channels_last in (False, True):
-        values, grads = [], []
-        for vgg in (old, new):
-            recon = (target + 0.1 * noise).requires_grad_(True)
-            value = PerceptualLoss(vgg=vgg.requires_grad_(False), channels_last=channels_last)(  # type: ignore[arg-type]
-                recon, target
-            )
-            value.backward()
-            values.append(value)
-            grads.append(recon.grad)
-        assert torch.equal(values[1], values[0]) and torch.equal(grads[1], grads[0])
+def test_taps_are_the_relus_after_the_last_conv_of_each_block() -> None:
+    layers = list(VGG16Features().features)
+    assert len(layers) == 30  # conv1_1 ... relu5_3: torchvision's features without the last max-pool
+    for tap, width in zip(TAPS, (64, 128, 256, 512, 512), strict=True):
+        assert isinstance(layers[tap], torch.nn.ReLU)
+        conv = layers[tap - 1]
+        assert isinstance(conv, torch.nn.Conv2d) and conv.out_channels == width
+        assert (conv.kernel_size, conv.stride, conv.padding) == ((3, 3), (1, 1), (1, 1))
+    # A new network's weights are initialised (PyTorch's default, within 1/sqrt(fan_in)), not left empty.
+    for conv in (layer for layer in layers if isinstance(layer, torch.nn.Conv2d)):
+        bound = (conv.in_channels * 9) ** -0.5
+        assert 0 < conv.weight.abs().max() <= bound and conv.bias.abs().max() <= bound
+    pools = [index for index, layer in enumerate(layers) if isinstance(layer, torch.nn.MaxPool2d)]
+    assert pools == [tap + 1 for tap in TAPS[:-1]]
 
 
 def test_load_ignores_classifier_and_freezes(weights_file: Path) -> None:
