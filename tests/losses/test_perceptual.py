@@ -9,6 +9,7 @@ import torch
 
 from tokenizer_posttrain.losses import LossConfig, build_loss
 from tokenizer_posttrain.losses.perceptual import (
+    TAPS,
     VGG16_FILE,
     PerceptualConfig,
     PerceptualLoss,
@@ -83,9 +84,32 @@ def videos(b: int = 2, t: int = 2, size: int = 16, seed: int = 0) -> tuple[torch
 
 
 def test_state_dict_matches_torchvision_layout() -> None:
+    from torchvision.models import vgg16
+
     state = VGG16Features().state_dict()
     assert {key: tuple(value.shape) for key, value in state.items()} == torchvision_feature_shapes()
     assert len(state) == 26
+    # The features.* of what torchvision's VGG16 saves (the layout of its weight file).
+    with torch.device("meta"):
+        saved = {key: tuple(value.shape) for key, value in vgg16(weights=None).state_dict().items()}
+    assert {key: shape for key, shape in saved.items() if key.startswith("features.")} == torchvision_feature_shapes()
+    assert {key: shape for key, shape in saved.items() if key.startswith("classifier.")} == CLASSIFIER_SHAPES
+
+
+def test_taps_are_the_relus_after_the_last_conv_of_each_block() -> None:
+    layers = list(VGG16Features().features)
+    assert len(layers) == 30  # conv1_1 ... relu5_3: torchvision's features without the last max-pool
+    for tap, width in zip(TAPS, (64, 128, 256, 512, 512), strict=True):
+        assert isinstance(layers[tap], torch.nn.ReLU)
+        conv = layers[tap - 1]
+        assert isinstance(conv, torch.nn.Conv2d) and conv.out_channels == width
+        assert (conv.kernel_size, conv.stride, conv.padding) == ((3, 3), (1, 1), (1, 1))
+    # A new network's weights are initialised (PyTorch's default, within 1/sqrt(fan_in)), not left empty.
+    for conv in (layer for layer in layers if isinstance(layer, torch.nn.Conv2d)):
+        bound = (conv.in_channels * 9) ** -0.5
+        assert 0 < conv.weight.abs().max() <= bound and conv.bias.abs().max() <= bound
+    pools = [index for index, layer in enumerate(layers) if isinstance(layer, torch.nn.MaxPool2d)]
+    assert pools == [tap + 1 for tap in TAPS[:-1]]
 
 
 def test_load_ignores_classifier_and_freezes(weights_file: Path) -> None:

@@ -1,8 +1,8 @@
 """Perceptual loss of the Cosmos tokenizer post-training recipe: L1 between VGG16 features of frames; and the
 one VGG16 pass that it shares with the other terms on VGG16 features (:class:`FeatureTerm`, e.g. the Gram loss).
 
-The VGG16 trunk is rebuilt here with torchvision's parameter names, so the ImageNet weights torchvision caches
-(``vgg16-397923af.pth``) load without torchvision being installed. Nothing is downloaded at run time.
+The VGG16 trunk is torchvision's own (``torchvision.models.vgg16``'s ``features`` up to relu5_3), so the ImageNet
+weights torchvision caches (``vgg16-397923af.pth``) load as they are. Nothing is downloaded at run time.
 """
 
 from collections.abc import Sequence
@@ -21,8 +21,6 @@ from .terms import LossTerm, TermConfig
 
 VGG16_FILE = "vgg16-397923af.pth"
 VGG16_URL = f"https://download.pytorch.org/models/{VGG16_FILE}"
-# VGG16 configuration D up to conv5_3; the final max-pool has no weights and no tapped activation after it.
-_VGG16_CONFIG = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512)
 TAPS = (3, 8, 15, 22, 29)
 """Indices in ``features`` of relu1_2, relu2_2, relu3_3, relu4_3 and relu5_3."""
 DEFAULT_LAYER_WEIGHTS = (1 / 2.6, 1 / 4.8, 1 / 3.7, 1 / 5.6, 10 / 1.5)
@@ -36,22 +34,28 @@ _HINT = (
 
 
 class VGG16Features(nn.Module):
-    """Convolutional trunk of VGG16 up to relu5_3, with torchvision's ``features.N`` parameter names.
+    """torchvision's VGG16 convolutional trunk up to relu5_3 (its ``features[:30]``, without the last max-pool),
+    under torchvision's ``features.N`` parameter names.
 
-    It is a fixed feature extractor: it always stays in eval mode, whatever ``train()`` is asked.
+    It is a fixed feature extractor: it always stays in eval mode, whatever ``train()`` is asked. A new one holds
+    random weights (PyTorch's default initialisation of each convolution) until a state dict is loaded.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        channels = 3
-        for width in _VGG16_CONFIG:
-            if width == "M":
-                layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
-            else:
-                layers += [nn.Conv2d(channels, width, kernel_size=3, padding=1), nn.ReLU()]
-                channels = width
-        self.features = nn.Sequential(*layers)
+        # Imported here: torchvision adds about a second to the import of the package, and only the VGG16
+        # terms need it.
+        from torchvision.models import vgg16
+
+        # Built on the meta device, then given memory for the trunk only: the whole VGG16 would allocate and
+        # initialise its 124M-parameter classifier just to drop it (over a second and about 0.5 GB).
+        device = torch.get_default_device()
+        with torch.device("meta"):
+            trunk = vgg16(weights=None).features[: TAPS[-1] + 1]
+        self.features = trunk.to_empty(device=device)
+        for layer in self.features:
+            if isinstance(layer, nn.Conv2d):
+                layer.reset_parameters()
         self.train(False)
 
     def train(self, mode: bool = True) -> "VGG16Features":
@@ -64,6 +68,8 @@ class VGG16Features(nn.Module):
         ``channels_multiple``: zero-pad the 3 input channels (and conv1_1's weights) to a multiple of it.
         """
         taps = []
+        # torchvision's ReLUs work in place, on the convolution's output; each tapped ReLU output is then only
+        # read (by a max-pool, or nothing after relu5_3), so the taps keep their values.
         for index, layer in enumerate(self.features):
             x = _padded_conv(layer, x, channels_multiple) if index == 0 and channels_multiple > 1 else layer(x)
             if index in TAPS:
