@@ -72,7 +72,7 @@ def time_path(name: str, fn, video: Tensor, steps: int, warmup: int) -> dict:  #
         torch.cuda.synchronize()
         if step >= warmup:
             times.append(time.perf_counter() - start)
-        value = float(loss)
+        value = float(loss.detach())
     ms = statistics.median(times) * 1e3
     b = video.shape[0]
     return {
@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--paths", nargs="+", default=["nemo", "ours", "ours+compile"])
+    parser.add_argument("--profile", action="store_true", help="after timing, profile 2 calls of each path")
     args = parser.parse_args()
     torch.manual_seed(0)
     raft = build_raft(args.raft).cuda()
@@ -109,6 +110,23 @@ def main() -> None:
     }
     for name in args.paths:
         print(json.dumps(time_path(name, paths[name], video, args.steps, args.warmup)), flush=True)
+        if args.profile:
+            profile(name, paths[name], video)
+
+
+def profile(name: str, fn, video: Tensor) -> None:  # noqa: ANN001
+    """The costliest GPU operations of two calls of ``fn`` (forward and backward)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    mask = torch.ones_like(video[:, :1])
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            reconstruction = (video + 0.02 * torch.randn_like(video)).requires_grad_(True)
+            fn(reconstruction, video, mask).backward()
+        torch.cuda.synchronize()
+    print(f"== {name}: top GPU operations over 2 calls")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=90), flush=True)
 
 
 if __name__ == "__main__":
