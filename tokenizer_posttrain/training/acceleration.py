@@ -10,7 +10,9 @@
   layer norms cost more than they save (docs/benchmarks.md);
 * activation checkpointing: the encoder and decoder keep only the input of each ResNet block, resampler,
   stem and head for the backward pass and recompute the rest there;
-* DDP settings that keep the host's work per step small (:func:`ddp_kwargs`).
+* DDP settings that keep the host's work per step small (:func:`ddp_kwargs`);
+* on a GPU, fp32 matrix products on tensor cores (TF32, :func:`tensor_core_matmuls`): under bf16 autocast the
+  only ones left are the Gram matrices of the VGG16's bf16 features, whose values TF32 holds exactly.
 
 The network's own part is two plain attributes per encoder/decoder level (see
 :mod:`tokenizer_posttrain.network.segments`), so ``state_dict`` keys, ``deepcopy``, tracing and export see
@@ -256,15 +258,29 @@ class StepAcceleration:
         if self.cuda_graphs:
             allocated_gradients(params)
 
-    def start_fit(self) -> None:
-        """A new fit (also a second one after an exception): check CUDA graphs again."""
+    def start_fit(self, device: torch.device | None = None) -> None:
+        """A new fit (also a second one after an exception) on ``device``: check CUDA graphs again; on a GPU,
+        :func:`tensor_core_matmuls`."""
         self._graphs_checked = False
+        if device is not None and device.type == "cuda":
+            tensor_core_matmuls()
 
     def after_first_batch(self) -> None:
         """After a fit's first batch (which compiled the step): warn if CUDA graphs were skipped."""
         if self.cuda_graphs and not self._graphs_checked:
             self._graphs_checked = True
             warn_if_cuda_graphs_skipped()
+
+
+def tensor_core_matmuls() -> None:
+    """fp32 matrix products in TF32 on tensor cores (``torch.set_float32_matmul_precision("high")``).
+
+    TF32 keeps 10 mantissa bits of each input, bf16 has 8: products of bf16 values (the VGG16 features the Gram
+    term multiplies, cast to fp32) come out as in fp32, accumulated in fp32, at tensor-core speed
+    (docs/benchmarks.md has what the Gram term cost without it). Convolutions in fp32 already use TF32
+    (PyTorch's default for cuDNN).
+    """
+    torch.set_float32_matmul_precision("high")
 
 
 def allocated_gradients(params: Iterable[nn.Parameter]) -> list[Tensor]:

@@ -134,7 +134,7 @@ class TokenizerModel(pl.LightningModule):
 
     def on_train_start(self) -> None:
         self.guard.reset()
-        self.acceleration.start_fit()
+        self.acceleration.start_fit(self.device)
 
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
         self.acceleration.after_first_batch()
