@@ -347,3 +347,23 @@ def test_ddp_accepts_its_settings_without_deprecation_warnings(tmp_path: Path) -
             torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), **ddp_kwargs(ModelConfig(compile=True)))
     finally:
         dist.destroy_process_group()
+
+
+def test_a_fit_on_a_gpu_runs_fp32_matmuls_in_tf32_and_a_cpu_fit_leaves_them() -> None:
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        steps = acceleration.StepAcceleration(ModelConfig())
+        steps.start_fit(torch.device("cpu"))
+        assert torch.get_float32_matmul_precision() == "highest"
+        steps.start_fit(torch.device("cuda", 0))
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_tf32_holds_the_products_of_bf16_values_exactly() -> None:
+    # Why TF32 costs the Gram term nothing: a bf16 value (8 mantissa bits) survives TF32's 10-bit rounding.
+    values = torch.randn(4096, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).float()
+    mantissa = values.view(torch.int32) & 0x7FFFFF
+    assert torch.equal(mantissa & ((1 << 13) - 1), torch.zeros_like(mantissa))  # the 13 bits TF32 drops are 0
