@@ -11,8 +11,9 @@ pass into the reconstruction) on ``[B, 3, T, H, W]`` bf16 videos on one GPU, for
   frame encoded once, the last estimate upsampled only).
 * ``ours+compile``: the same under ``torch.compile`` (as ``model.compile`` compiles it with the step).
 
-RAFT has random weights (timing only); both paths use the same ones, and the script prints their two loss values
-(they agree to bf16 noise). Reports the median of ``--steps`` calls after ``--warmup``, and peak memory::
+RAFT has random weights (timing only); every path uses the same ones and the same reconstructions (seeded noise
+per call), and prints its last call's loss value: they agree to bf16 noise (the rescaling differs a little:
+trilinear there, bilinear per frame here, the same weights). Reports the median of ``--steps`` calls after ``--warmup``, and peak memory::
 
     PYTHONPATH=. python3 benchmarks/flow_term.py --batch 8 --frames 33 --size 256
 """
@@ -64,7 +65,9 @@ def time_path(name: str, fn, video: Tensor, steps: int, warmup: int) -> dict:  #
     torch.cuda.reset_peak_memory_stats()
     times, value = [], None
     for step in range(warmup + steps):
-        reconstruction = (video + 0.02 * torch.randn_like(video)).requires_grad_(True)
+        # The same reconstructions for every path: the last call's loss values are comparable.
+        noise = torch.randn(video.shape, device=video.device, generator=torch.Generator("cuda").manual_seed(step))
+        reconstruction = (video + 0.02 * noise.to(video.dtype)).requires_grad_(True)
         torch.cuda.synchronize()
         start = time.perf_counter()
         loss = fn(reconstruction, video, mask)

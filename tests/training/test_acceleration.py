@@ -363,7 +363,7 @@ def test_a_fit_on_a_gpu_runs_fp32_matmuls_in_tf32_and_a_cpu_fit_leaves_them() ->
 
 
 def test_tf32_holds_the_products_of_bf16_values_exactly() -> None:
-    # Why TF32 costs the Gram term nothing: a bf16 value (8 mantissa bits) survives TF32's 10-bit rounding.
+    # Why TF32 costs the Gram term nothing: a bf16 value (7 mantissa bits) survives TF32's 10-bit rounding.
     values = torch.randn(4096, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).float()
     mantissa = values.view(torch.int32) & 0x7FFFFF
     assert torch.equal(mantissa & ((1 << 13) - 1), torch.zeros_like(mantissa))  # the 13 bits TF32 drops are 0

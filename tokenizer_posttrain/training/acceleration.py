@@ -275,7 +275,7 @@ class StepAcceleration:
 def tensor_core_matmuls() -> None:
     """fp32 matrix products in TF32 on tensor cores (``torch.set_float32_matmul_precision("high")``).
 
-    TF32 keeps 10 mantissa bits of each input, bf16 has 8: products of bf16 values (the VGG16 features the Gram
+    TF32 keeps 10 of fp32's 23 mantissa bits, bf16 only 7: products of bf16 values (the VGG16 features the Gram
     term multiplies, cast to fp32) come out as in fp32, accumulated in fp32, at tensor-core speed
     (docs/benchmarks.md has what the Gram term cost without it). Convolutions in fp32 already use TF32
     (PyTorch's default for cuDNN).
