@@ -12,8 +12,8 @@ pass into the reconstruction) on ``[B, 3, T, H, W]`` bf16 videos on one GPU, for
 * ``ours+compile``: the same under ``torch.compile`` (as ``model.compile`` compiles it with the step).
 
 RAFT has random weights (timing only); every path uses the same ones and the same reconstructions (seeded noise
-per call), and prints its last call's loss value: they agree to bf16 noise (the rescaling differs a little:
-trilinear there, bilinear per frame here, the same weights). Reports the median of ``--steps`` calls after ``--warmup``, and peak memory::
+per call), and prints its last call's loss value: they agree to bf16 noise. Reports the median of ``--steps``
+calls after ``--warmup``, and peak memory::
 
     PYTHONPATH=. python3 benchmarks/flow_term.py --batch 8 --frames 33 --size 256
 """
