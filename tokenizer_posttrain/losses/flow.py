@@ -23,10 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..core.errors import CheckpointError
-from ..core.untrusted import load_torch_file
 from .l1 import masked_mean
 from .terms import LossTerm, TermConfig
+from .weight_files import find_weights_file, read_state_dict, state_problems
 
 RAFT_FILES = {"large": "raft_large_C_T_SKHT_V2-ff5fadd5.pth", "small": "raft_small_C_T_V2-01064c6d.pth"}
 """torchvision's cache file of each RAFT (its default weights: the ones ``raft_large(pretrained=True)`` loads)."""
@@ -95,46 +94,20 @@ def find_raft_weights(raft: str = "large", path: str | None = None) -> Path:
 
     Raises ``FileNotFoundError`` saying which file to put where when it is missing.
     """
-    name = RAFT_FILES[raft]
-    url = f"https://download.pytorch.org/models/{name}"
-    hint = "or turn the term off with loss.flow.weight=0"
-    if path is not None:
-        explicit = Path(path).expanduser()
-        if not explicit.is_file():
-            raise FileNotFoundError(
-                f"RAFT weights for the optical-flow loss not found at {explicit} (loss.flow.weights_path); "
-                f"download {url} there, {hint}."
-            )
-        return explicit
-    cached = Path(torch.hub.get_dir()) / "checkpoints" / name
-    if not cached.is_file():
-        raise FileNotFoundError(
-            f"The optical-flow loss (loss.flow, RAFT {raft}) needs torchvision's weights file and nothing is "
-            f"downloaded at run time. Put {url} at {cached}, or set loss.flow.weights_path=/path/to/{name}, {hint}."
-        )
-    return cached
+    what = f"the optical-flow loss (loss.flow, RAFT {raft})"
+    off = "or turn the term off with loss.flow.weight=0"
+    return find_weights_file(RAFT_FILES[raft], path, what, "loss.flow.weights_path", off)
 
 
 def read_raft_state(path: str | Path, raft: str = "large", mmap: bool = False) -> dict[str, Tensor]:
     """The weights of a torchvision RAFT file, checked against the network's keys and shapes; ``ValueError``
     naming the file and the keys that do not fit. ``mmap`` maps the file instead of reading it (for checks)."""
-    try:
-        state = load_torch_file(path, mmap=mmap)
-    except CheckpointError:
-        if not mmap:
-            raise
-        state = load_torch_file(path)  # an old (non-zip) file cannot be mapped
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} is not a RAFT state dict (got {type(state).__name__})")
+    state = read_state_dict(path, "RAFT", mmap=mmap)
     with torch.device("meta"):
         expected = build_raft(raft).state_dict()
-    problems = [f"missing {key}" for key in expected.keys() - state.keys()]
-    problems += [f"unexpected {key}" for key in state.keys() - expected.keys()]
-    for key in expected.keys() & state.keys():
-        if tuple(state[key].shape) != tuple(expected[key].shape):
-            problems.append(f"{key} has shape {tuple(state[key].shape)}, expected {tuple(expected[key].shape)}")
+    problems = state_problems(state, expected)
     if problems:
-        shown = sorted(problems)[:6] + ([f"... {len(problems) - 6} more"] if len(problems) > 6 else [])
+        shown = problems[:6] + ([f"... {len(problems) - 6} more"] if len(problems) > 6 else [])
         raise ValueError(
             f"{path} does not hold torchvision's RAFT {raft} weights (loss.flow.raft={raft}): " + "; ".join(shown)
         )

@@ -15,21 +15,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..core.errors import CheckpointError
-from ..core.untrusted import load_torch_file
 from .terms import LossTerm, TermConfig
+from .weight_files import DOWNLOADS, find_weights_file, read_state_dict, state_problems
 
 VGG16_FILE = "vgg16-397923af.pth"
-VGG16_URL = f"https://download.pytorch.org/models/{VGG16_FILE}"
+VGG16_URL = f"{DOWNLOADS}/{VGG16_FILE}"
 TAPS = (3, 8, 15, 22, 29)
 """Indices in ``features`` of relu1_2, relu2_2, relu3_3, relu4_3 and relu5_3."""
 DEFAULT_LAYER_WEIGHTS = (1 / 2.6, 1 / 4.8, 1 / 3.7, 1 / 5.6, 10 / 1.5)
 LPIPS_SHIFT = (-0.030, -0.088, -0.188)
 LPIPS_SCALE = (0.458, 0.448, 0.450)
-_HINT = (
-    f"or set loss.perceptual.weights_path=/path/to/{VGG16_FILE} to read it from another place, "
-    "or turn off the terms that read it: loss.perceptual.weight=0 (or loss.perceptual_weight=0) "
-    "and loss.gram.weight=0"
+_OFF = (
+    "or turn off the terms that read it: loss.perceptual.weight=0 (or loss.perceptual_weight=0) and loss.gram.weight=0"
 )
 
 
@@ -100,21 +97,9 @@ def find_vgg16_weights(path: str | None = None) -> Path:
 
     Raises ``FileNotFoundError`` saying where to put the file when it is missing.
     """
-    if path is not None:
-        explicit = Path(path).expanduser()
-        if not explicit.is_file():
-            raise FileNotFoundError(
-                f"VGG16 weights for the perceptual and Gram losses not found at {explicit} "
-                f"(loss.perceptual.weights_path); download {VGG16_URL} there, {_HINT}."
-            )
-        return explicit
-    cached = Path(torch.hub.get_dir()) / "checkpoints" / VGG16_FILE
-    if not cached.is_file():
-        raise FileNotFoundError(
-            "The perceptual and Gram losses need torchvision's ImageNet VGG16 weights and nothing is downloaded at "
-            f"run time. Put {VGG16_URL} at {cached}, {_HINT}."
-        )
-    return cached
+    return find_weights_file(
+        VGG16_FILE, path, "the perceptual and Gram losses (ImageNet VGG16)", "loss.perceptual.weights_path", _OFF
+    )
 
 
 def read_vgg16_features(path: str | Path, mmap: bool = False) -> dict[str, Tensor]:
@@ -123,24 +108,13 @@ def read_vgg16_features(path: str | Path, mmap: bool = False) -> dict[str, Tenso
     The file's ``classifier.*`` keys are ignored. Missing, unexpected or wrongly shaped feature keys raise
     ``ValueError`` naming the file and the keys. ``mmap`` maps the file instead of reading it (for checks).
     """
-    try:
-        state = load_torch_file(path, mmap=mmap)
-    except CheckpointError:
-        if not mmap:
-            raise
-        state = load_torch_file(path)  # an old (non-zip) file cannot be mapped
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} is not a VGG16 state dict (got {type(state).__name__})")
+    state = read_state_dict(path, "VGG16", mmap=mmap)
     features = {key: value for key, value in state.items() if key.startswith("features.")}
     with torch.device("meta"):
         expected = VGG16Features().state_dict()
-    problems = [f"missing {key}" for key in expected.keys() - features.keys()]
-    problems += [f"unexpected {key}" for key in features.keys() - expected.keys()]
-    for key in expected.keys() & features.keys():
-        if features[key].shape != expected[key].shape:
-            problems.append(f"{key} has shape {tuple(features[key].shape)}, expected {tuple(expected[key].shape)}")
+    problems = state_problems(features, expected)
     if problems:
-        raise ValueError(f"{path} does not hold torchvision's VGG16 features: " + "; ".join(sorted(problems)))
+        raise ValueError(f"{path} does not hold torchvision's VGG16 features: " + "; ".join(problems))
     return features
 
 
