@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from .consistency import ConsistencyConfig, ConsistencyTerm, ConsistencyWindows
 from .flow import FlowConfig, FlowTerm
+from .gan import GANConfig
 from .gram import GramConfig, GramTerm
 from .high_freq import HighFreqConfig, HighFreqLoss
 from .l1 import L1Config, L1Loss
@@ -49,6 +50,10 @@ class LossConfig:
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
     """Overlapping windows of a clip (``window`` frames every ``step``), reconstructed on their own, must agree on
     their shared frames and CV latents (NVIDIA's trainers ship it off); weight 0 (default): off, no extra pass."""
+    gan: GANConfig = field(default_factory=GANConfig)
+    """Adversarial fine-tuning: a discriminator trained beside the tokenizer and a generator term (the Cosmos
+    paper's fine-tuning stage; no released trainer has it); weight 0 (default): off, nothing built. Not a term of
+    this module: the training step runs it (it has its own network and optimizer)."""
     l1_weight: Optional[float] = None
     """Shorthand for loss.l1.weight (kept from earlier releases); moved into loss.l1 when the config is made."""
     perceptual_weight: Optional[float] = None
@@ -67,6 +72,7 @@ class LossConfig:
             # Consumed: the term's config holds the weight, so a later dataclasses.replace() cannot apply it twice.
             setattr(self, alias, None)
         problems = [p for name in TERMS for p in self.term(name).problems(f"loss.{name}")]
+        problems += self.gan.problems("loss.gan")
         if not problems:
             off = [step for step in self.schedule_starts() if not self.weights_at(step)]
             if off:

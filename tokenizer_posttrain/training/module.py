@@ -7,7 +7,7 @@ clipping, logged scalars) is :class:`~.step_guard.StepGuard`'s, the loss is :mod
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -21,11 +21,16 @@ from ..losses import Loss, LossConfig, build_loss
 from ..losses.consistency import ConsistencyWindows
 from ..network import CausalVideoTokenizer, build_tokenizer
 from .acceleration import StepAcceleration
+from .adversarial import CHECKPOINT_KEY as ADVERSARIAL_KEY
+from .adversarial import AdversarialStage
 from .config import ModelConfig, OptimConfig
 from .monitoring import save_validation_video
 from .optim import build_optimizer
 from .step_guard import StepGuard
 from .trainable import configure_trainable
+
+RECONSTRUCTION = "reconstruction"
+"""The step's output key for the reconstruction, present only with loss.gan on (it is no loss term)."""
 
 
 class TokenizerModel(pl.LightningModule):
@@ -51,6 +56,19 @@ class TokenizerModel(pl.LightningModule):
         self.trainable_names = configure_trainable(self.network, self.model_config.trainable, self.model_config.lora)
         # Held in a list, not as a child: its frozen networks (59 MB of VGG16) stay out of checkpoints and DDP.
         self._loss: list[Loss] = [build_loss(self.loss_config)]
+        gan = self.loss_config.gan
+        # Built before anything compiles; None when loss.gan is off (then nothing of it exists).
+        self.adversarial = AdversarialStage(gan) if gan.ever_on else None
+        if self.adversarial is not None and self.model_config.replays_cuda_graphs:
+            warnings.warn(
+                "loss.gan: the training step runs compiled but without CUDA graphs (model.cuda_graphs ignored): "
+                "the discriminator's step and the adaptive weight's gradients run between the step's graphs; "
+                "docs/benchmarks.md has what CUDA graphs are worth",
+                stacklevel=2,
+            )
+            self.model_config = replace(self.model_config, cuda_graphs=False)
+        # A name, not the parameter: a Parameter set as an attribute would join this module's state dict.
+        self._gan_last_layer = gan_last_layer(self.network) if self.adversarial is not None and gan.adaptive else None
         self.acceleration = StepAcceleration(self.model_config)
         self.acceleration.apply(self.network, self.loss)
         self.step_forward = self.acceleration.wrap_step(self._step_forward)
@@ -108,7 +126,30 @@ class TokenizerModel(pl.LightningModule):
     def _step_forward(self, video: Tensor, mask: Tensor, weights: dict[str, float]) -> dict[str, Tensor]:
         """Forward of network and loss: the part ``model.compile`` compiles (as one graph, or in pieces)."""
         windows = self.consistency_windows(video, weights)
-        return self._loss_call(self.reconstruct(video), video, mask, weights, windows)
+        reconstruction = self.reconstruct(video)
+        terms = self._loss_call(reconstruction, video, mask, weights, windows)
+        if self.adversarial is not None:  # the discriminator needs it, outside the compiled step
+            terms = {**terms, RECONSTRUCTION: reconstruction}
+        return terms
+
+    def adversarial_terms(self, terms: dict[str, Tensor], video: Tensor, mask: Tensor) -> dict[str, Tensor]:
+        """``terms`` with the GAN stage's: the generator term added to ``"loss"`` (from ``loss.gan.gen_start``),
+        and the discriminator's loss back-propagated into its own gradients (from ``loss.gan.disc_start``).
+        Masked-out pixels are zero in what the discriminator sees of both clips."""
+        assert self.adversarial is not None
+        terms = dict(terms)
+        mask = mask.to(video.dtype)
+        reconstruction = terms.pop(RECONSTRUCTION) * mask
+        real = video * mask
+        step = self.global_step
+        last = self.network.get_parameter(self._gan_last_layer) if self._gan_last_layer else None
+        gan = self.adversarial.generator_term(reconstruction, terms["loss"], last, step)
+        if gan:
+            terms["loss"] = terms["loss"] + gan["gan_weight"] * gan["gan_g"]
+            terms.update(gan)
+        micro_batches = self.trainer.accumulate_grad_batches if self._trainer else 1
+        terms.update(self.adversarial.discriminator_backward(real, reconstruction, step, micro_batches))
+        return terms
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         video, mask = self._input(batch)
@@ -116,6 +157,8 @@ class TokenizerModel(pl.LightningModule):
         weights = self.loss.prepare(self.global_step, video.device)
         self.acceleration.begin_micro_batch()
         terms = self.step_forward(video, mask, weights)
+        if self.adversarial is not None:
+            terms = self.adversarial_terms(terms, video, mask)
         # A NaN/Inf loss is not caught here: it makes NaN gradients, which on_before_optimizer_step
         # detects after DDP's all-reduce, so every rank skips the same step. Returning None on one
         # rank would leave the others waiting in the all-reduce.
@@ -135,12 +178,16 @@ class TokenizerModel(pl.LightningModule):
     def on_train_start(self) -> None:
         self.guard.reset()
         self.acceleration.start_fit(self.device)
+        if self.adversarial is not None:
+            self.adversarial.start(self.device)
 
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
         self.acceleration.after_first_batch()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.guard.before_optimizer_step(self, optimizer)
+        if self.adversarial is not None:  # after the tokenizer's backward, which reads its weights
+            self.adversarial.optimizer_step()
 
     def on_train_end(self) -> None:
         self.guard.on_train_end(self)
@@ -171,6 +218,26 @@ class TokenizerModel(pl.LightningModule):
         self.guard.on_save_checkpoint(self)
         # Lets load_tokenizer() rebuild the exact network from a .ckpt alone.
         checkpoint[CONFIG_KEY] = self.network.config.to_dict()
+        if self.adversarial is not None:
+            checkpoint[ADVERSARIAL_KEY] = self.adversarial.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.adversarial is not None and ADVERSARIAL_KEY in checkpoint:
+            self.adversarial.load_state_dict(checkpoint[ADVERSARIAL_KEY])
+
+
+def gan_last_layer(network: CausalVideoTokenizer) -> str:
+    """The name of the decoder's last convolution weight: where loss.gan's adaptive weight compares gradients."""
+    # The last trained weight there: the conv's own, or a LoRA adapter's when LoRA targets it.
+    last = [n for n, p in network.named_parameters() if n.startswith("decoder.conv_out.") and n.endswith("weight")]
+    trained = [n for n in last if network.get_parameter(n).requires_grad]
+    if not trained:
+        raise ValueError(
+            "loss.gan.adaptive compares gradients at the decoder's last layer (decoder.conv_out), which does not "
+            "train in this run (model.trainable or the LoRA targets freeze it); train it, or set "
+            "loss.gan.adaptive=false for a fixed generator weight"
+        )
+    return trained[-1]
 
 
 def build_network(cfg: ModelConfig) -> CausalVideoTokenizer:

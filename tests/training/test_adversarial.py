@@ -1,0 +1,127 @@
+"""The GAN stage in the training step: today's run until it starts, its logged values, its optimizer and checkpoint
+entry, the adaptive weight at the decoder's last layer, decoder-only training against it, and what it refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import fit
+from tests.training.conftest import tiny
+from tests.training.test_step_guard import Recorder
+from tokenizer_posttrain.losses.gan import GANConfig, adaptive_weight, generator_loss
+from tokenizer_posttrain.training.adversarial import CHECKPOINT_KEY
+from tokenizer_posttrain.training.config import LossConfig, ModelConfig, OptimConfig
+from tokenizer_posttrain.training.module import RECONSTRUCTION, TokenizerModel, gan_last_layer
+
+SMALL = {"channels": 8, "layers": 2}
+
+
+def gan_loss(**settings: object) -> LossConfig:
+    return LossConfig(perceptual_weight=0.0, gan=GANConfig(**{"weight": 0.5, **SMALL, **settings}))
+
+
+def logged(module: TokenizerModel, tmp_path: Path, steps: int) -> dict[int, dict[str, float]]:
+    recorder = Recorder()
+    fit(module, tmp_path, steps=steps, logger=recorder, log_every_n_steps=1)
+    return {step: row for step, row in recorder.rows if "train/loss" in row}
+
+
+def test_until_disc_start_the_run_is_todays_run_bit_for_bit(tmp_path: Path) -> None:
+    plain = logged(
+        TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), LossConfig(perceptual_weight=0.0)), tmp_path, 5
+    )
+    with_gan = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), gan_loss(disc_start=3, gen_start=3))
+    rows = logged(with_gan, tmp_path / "gan", 5)
+    assert [rows[s]["train/loss"] for s in range(3)] == [plain[s]["train/loss"] for s in range(3)]
+    assert all("train/gan_d" not in rows[s] and "train/gan_g" not in rows[s] for s in range(3))
+    for step in (3, 4):
+        assert {"train/gan_g", "train/gan_d", "train/d_real", "train/d_fake", "train/gan_weight"} <= set(rows[step])
+        assert rows[step]["train/loss"] == pytest.approx(
+            rows[step]["train/l1"] + rows[step]["train/gan_weight"] * rows[step]["train/gan_g"], rel=1e-4
+        )
+    assert rows[4]["train/loss"] != plain[4]["train/loss"]
+
+
+def test_the_discriminator_trains_with_its_own_optimizer_and_travels_in_checkpoints(tmp_path: Path) -> None:
+    module = TokenizerModel(
+        tiny("CV8x8x8"), OptimConfig(lr=1e-3), gan_loss(lecam_weight=0.01, r1_weight=1.0, r1_every=2)
+    )
+    stage = module.adversarial
+    assert stage is not None
+    before = {k: v.clone() for k, v in stage.discriminator.state_dict().items()}
+    recorder = Recorder()
+    trainer = fit(module, tmp_path, steps=4, logger=recorder, log_every_n_steps=1)
+    rows = [row for _, row in recorder.rows if "train/loss" in row]
+    assert all(row["train/lecam"] >= 0 and row["train/gan_d"] > 0 for row in rows)
+    assert sum("train/r1" in row for row in rows) == 2  # steps 0 and 2: every r1_every discriminator steps
+    assert stage.steps == 4
+    after = stage.discriminator.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    # Not the tokenizer's: outside its optimizer, its DDP and its state dict.
+    tokenizer_params = {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]}
+    assert not tokenizer_params & {id(p) for p in stage.parameters()}
+    trainer.save_checkpoint(tmp_path / "gan.ckpt")
+    saved = torch.load(tmp_path / "gan.ckpt", map_location="cpu", weights_only=True)
+    assert all(key.startswith("network.") for key in saved["state_dict"])
+    entry = saved[CHECKPOINT_KEY]
+    assert entry["steps"] == 4 and entry["optimizer"]["state"]
+    assert entry["discriminator"].keys() == after.keys() and float(entry["lecam"]["updates"]) == 4
+    fresh = TokenizerModel(
+        tiny("CV8x8x8"), OptimConfig(lr=1e-3), gan_loss(lecam_weight=0.01, r1_weight=1.0, r1_every=2)
+    )
+    assert fresh.adversarial is not None
+    fresh.on_load_checkpoint(saved)
+    fresh.adversarial.start(torch.device("cpu"))
+    for key, value in after.items():
+        assert torch.equal(fresh.adversarial.discriminator.state_dict()[key], value)
+    assert fresh.adversarial.steps == 4 and fresh.adversarial.optimizer.state_dict()["state"]
+
+
+def test_the_adaptive_weight_is_the_gradient_norm_ratio_at_the_decoders_last_layer() -> None:
+    module = TokenizerModel(tiny("CV8x8x8"), loss=gan_loss(weight=0.25))
+    stage = module.adversarial
+    assert stage is not None
+    torch.manual_seed(0)
+    video = torch.rand(1, 3, 9, 32, 32) * 2 - 1
+    mask = torch.ones(1, 1, 9, 32, 32)
+    weights = module.loss.prepare(0, video.device)
+    terms = module._step_forward(video, mask, weights)
+    reconstruction, total = terms[RECONSTRUCTION], terms["loss"]
+    assert gan_last_layer(module.network) == "decoder.conv_out.1.conv3d.weight"
+    last = module.network.get_parameter("decoder.conv_out.1.conv3d.weight")
+    g_loss = generator_loss("hinge", stage.discriminator(reconstruction))
+    rec_grad = torch.autograd.grad(total, last, retain_graph=True)[0]
+    gan_grad = torch.autograd.grad(g_loss, last, retain_graph=True)[0]
+    by_hand = rec_grad.norm() / (gan_grad.norm() + 1e-4) * 0.25
+    got = stage.generator_term(reconstruction, total, last, step=0)
+    torch.testing.assert_close(got["gan_weight"], by_hand.detach(), rtol=1e-5, atol=0)
+    assert got["gan_weight"] == adaptive_weight(total, g_loss, last) * 0.25
+    assert all(p.grad is None for p in stage.parameters())  # the generator term leaves the discriminator alone
+
+
+def test_decoder_only_training_keeps_the_encoder_against_the_gan(tmp_path: Path) -> None:
+    module = TokenizerModel(tiny("CV8x8x8", trainable="decoder"), OptimConfig(lr=1e-3), gan_loss())
+    encoder = {k: v.clone() for k, v in module.network.encoder.state_dict().items()}
+    decoder = {k: v.clone() for k, v in module.network.decoder.state_dict().items()}
+    fit(module, tmp_path, steps=2)
+    assert all(torch.equal(v, module.network.encoder.state_dict()[k]) for k, v in encoder.items())
+    assert any(not torch.equal(v, module.network.decoder.state_dict()[k]) for k, v in decoder.items())
+
+
+def test_weight_zero_builds_nothing_and_bad_settings_are_named() -> None:
+    assert TokenizerModel(tiny("CV8x8x8"), loss=LossConfig(perceptual_weight=0.0)).adversarial is None
+    with pytest.raises(ValueError, match=r"loss\.gan\.adaptive compares gradients at the decoder's last layer"):
+        TokenizerModel(tiny("CV8x8x8", trainable="encoder"), loss=gan_loss())
+    assert TokenizerModel(tiny("CV8x8x8", trainable="encoder"), loss=gan_loss(adaptive=False)).adversarial
+    with pytest.raises(ValueError, match=r"loss\.gan\.gen_start"):
+        gan_loss(disc_start=5, gen_start=2)
+
+
+def test_cuda_graphs_give_way_to_the_gan_stage_with_a_warning() -> None:
+    config = ModelConfig(model="CV8x8x8", channels=16, compile=True, cuda_graphs=True)
+    with pytest.warns(UserWarning, match=r"loss\.gan: the training step runs compiled but without CUDA graphs"):
+        module = TokenizerModel(config, loss=gan_loss())
+    assert module.model_config.compile and not module.model_config.replays_cuda_graphs
