@@ -21,6 +21,7 @@ calls after ``--warmup``, and peak memory::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -104,10 +105,12 @@ def main() -> None:
     # Smooth moving content, so RAFT's iterations see structure (random weights or not, the cost is the same).
     video = F.avg_pool3d(video, (1, 9, 9), stride=1, padding=(0, 4, 4)).clamp(-1, 1).to(torch.bfloat16)
     config = FlowConfig(0.01, raft=args.raft)
+    # NeMo's path gets its own copy: RAFTFlow converts the RAFT it is given in place (bf16, NHWC).
+    nemo_raft = copy.deepcopy(raft).to(torch.bfloat16)
     term = FlowTerm(config, RAFTFlow(raft, torch.bfloat16, config.flow_updates))
     term.prepare(torch.device("cuda"))
     paths = {
-        "nemo": NemoStyleFlow(term.network.raft, config.scale),
+        "nemo": NemoStyleFlow(nemo_raft, config.scale),
         "ours": term,
         "ours+compile": torch.compile(term, dynamic=False),
     }

@@ -18,6 +18,8 @@ from tokenizer_posttrain.losses.flow import (
     bidirectional_flow,
     build_raft,
     find_raft_weights,
+    load_raft,
+    read_raft_state,
 )
 
 CPU = torch.device("cpu")
@@ -195,7 +197,7 @@ def test_a_file_of_the_other_raft_is_refused_naming_keys(tmp_path: Path, raft_sm
         build_loss(LossConfig(perceptual_weight=0.0, flow=other))
     planted = tmp_path / "planted.pth"
     torch.save({"feature_encoder.convnormrelu.0.weight": torch.zeros(1), "extra": nn.Linear(1, 1)}, planted)
-    with pytest.raises(Exception, match="refusing to load"):  # never unpickled
+    with pytest.raises(Exception, match=r"as torchvision's RAFT weights: it holds a pickled Python object"):
         build_loss(LossConfig(perceptual_weight=0.0, flow=FlowConfig(0.01, raft="small", weights_path=str(planted))))
 
 
@@ -210,6 +212,28 @@ def test_settings_and_clip_sizes_are_checked_naming_the_key() -> None:
     assert config.clip_problems("loss.flow", 33, 256, 256) == []
     assert config.clip_problems("loss.flow", 33, 720, 1280) == []
     (height,) = config.clip_problems("loss.flow", 33, 200, 256)
-    assert height.startswith("data.height=200 / loss.flow.scale=2 = 100 pixels, but RAFT needs a multiple of 8")
+    assert height.startswith("clip height 200 / 2 = 100 pixels, but RAFT needs a multiple of 8 of at least 128")
+    assert "(loss.flow.scale=2); use clips of 256+ pixels in steps of 16" in height
     assert len(config.clip_problems("loss.flow", 1, 250, 256)) == 2
     assert FlowConfig(0.01, scale=1).clip_problems("loss.flow", 2, 128, 136) == []
+    for bad in ({"scale": 1.5}, {"scale": "2"}, {"flow_updates": 2.5}, {"checkpoint_activations": "yes"}):
+        (problem,) = FlowConfig(0.01, **bad).problems("loss.flow")  # type: ignore[arg-type]
+        assert problem.startswith(f"loss.flow.{next(iter(bad))}=")
+
+
+def test_raft_refuses_frames_its_pyramid_cannot_take(raft_small: nn.Module) -> None:
+    # 192x336 at scale 2 (the 16:9 bucket of a 256 budget): 96 pixels high, below RAFT's 128.
+    with pytest.raises(ValueError, match=r"RAFT got frames of 96x168 \(after loss\.flow\.scale\): 96 / 1 = 96"):
+        bidirectional_flow(torch.zeros(1, 3, 2, 192, 336), RAFTFlow(raft_small, torch.float32, 1), 2)
+
+
+def test_a_weights_file_with_non_tensors_is_named_not_a_crash(tmp_path: Path, raft_small: nn.Module) -> None:
+    state = {k: v for k, v in raft_small.state_dict().items() if not k.endswith("num_batches_tracked")}
+    without_counters = tmp_path / "no_counters.pth"
+    torch.save(state, without_counters)
+    assert read_raft_state(without_counters, "small")  # torch fills batch norms' counters in
+    bad = tmp_path / "bad.pth"
+    torch.save({**state, "feature_encoder.convnormrelu.0.weight": 3}, bad)
+    with pytest.raises(ValueError, match=r"feature_encoder\.convnormrelu\.0\.weight is a int, not a tensor"):
+        read_raft_state(bad, "small")
+    load_raft(without_counters, "small")

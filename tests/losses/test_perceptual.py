@@ -225,11 +225,11 @@ def test_missing_cache_file_says_where_to_put_it(empty_hub: Path) -> None:
         message = str(error.value)
         assert str(cache) in message
         assert "loss.perceptual.weights_path" in message
-        assert "loss.perceptual_weight=0" in message
+        assert "loss.perceptual.weight=0" in message
 
 
 def test_missing_explicit_file(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="loss.perceptual_weight=0"):
+    with pytest.raises(FileNotFoundError, match="loss.perceptual.weight=0"):
         find_vgg16_weights(str(tmp_path / "nowhere.pth"))
 
 

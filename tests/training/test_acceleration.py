@@ -349,15 +349,17 @@ def test_ddp_accepts_its_settings_without_deprecation_warnings(tmp_path: Path) -
         dist.destroy_process_group()
 
 
-def test_a_fit_on_a_gpu_runs_fp32_matmuls_in_tf32_and_a_cpu_fit_leaves_them() -> None:
+def test_tf32_matmuls_hold_within_the_block_only() -> None:
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("highest")
-        steps = acceleration.StepAcceleration(ModelConfig())
-        steps.start_fit(torch.device("cpu"))
-        assert torch.get_float32_matmul_precision() == "highest"
-        steps.start_fit(torch.device("cuda", 0))
-        assert torch.get_float32_matmul_precision() == "high"
+        with acceleration.tensor_core_matmuls(False):
+            assert torch.get_float32_matmul_precision() == "highest"
+        with acceleration.tensor_core_matmuls(True):
+            assert torch.get_float32_matmul_precision() == "high"
+        with pytest.raises(RuntimeError), acceleration.tensor_core_matmuls(True):
+            raise RuntimeError("a failed fit")
+        assert torch.get_float32_matmul_precision() == "highest"  # restored, also after the failure
     finally:
         torch.set_float32_matmul_precision(before)
 

@@ -73,7 +73,7 @@ def test_full_loss_is_l1_plus_weighted_perceptual(vgg_file: Path) -> None:
 
 def test_missing_vgg_file_is_explained(tmp_path: Path) -> None:
     loss = LossConfig(perceptual=PerceptualConfig(weights_path=str(tmp_path / "nope.pth")))
-    with pytest.raises(FileNotFoundError, match="loss.perceptual_weight=0"):
+    with pytest.raises(FileNotFoundError, match="loss.perceptual.weight=0"):
         TokenizerModel(tiny(), loss=loss)
 
 

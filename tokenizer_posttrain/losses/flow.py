@@ -34,6 +34,18 @@ RAFT_MIN_SIZE = 128
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def raft_size_problem(size: int, scale: int) -> str | None:
+    """Why a clip side of ``size`` pixels scaled down by ``scale`` cannot go through RAFT, or None."""
+    scaled = size / scale
+    if size % scale or size // scale % 8 or scaled < RAFT_MIN_SIZE:
+        return f"{size} / {scale} = {scaled:g} pixels, but RAFT needs a multiple of 8 of at least {RAFT_MIN_SIZE}"
+    return None
+
+
 @dataclass
 class FlowConfig(TermConfig):
     """L1 between the bidirectional RAFT optical flows of input and reconstruction (NVIDIA's trainers: 0 before
@@ -59,24 +71,28 @@ class FlowConfig(TermConfig):
         problems = super().problems(key)
         if self.raft not in RAFT_FILES:
             problems.append(f"{key}.raft={self.raft!r} must be one of {sorted(RAFT_FILES)}")
-        if self.scale < 1:
-            problems.append(f"{key}.scale={self.scale} must be an integer >= 1")
+        if not _is_int(self.scale) or self.scale < 1:
+            problems.append(f"{key}.scale={self.scale!r} must be an integer >= 1")
         if self.dtype not in DTYPES:
             problems.append(f"{key}.dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
-        if self.flow_updates < 1:
-            problems.append(f"{key}.flow_updates={self.flow_updates} must be >= 1")
+        if not _is_int(self.flow_updates) or self.flow_updates < 1:
+            problems.append(f"{key}.flow_updates={self.flow_updates!r} must be an integer >= 1")
+        if not isinstance(self.checkpoint_activations, bool):
+            problems.append(f"{key}.checkpoint_activations={self.checkpoint_activations!r} must be true or false")
         return problems
 
     def clip_problems(self, key: str, frames: int, height: int, width: int) -> list[str]:
-        """What stops this term on clips of ``frames x height x width`` (``data.*``), each naming what to set."""
+        """What stops this term on clips of ``frames x height x width`` (``data.*``, or an aspect bucket's size),
+        each naming what to set."""
         problems = [] if frames >= 2 else [f"{key} needs clips of at least 2 frames (data.frames={frames})"]
-        for name, size in (("data.height", height), ("data.width", width)):
-            scaled = size / self.scale
-            if size % self.scale or size // self.scale % 8 or scaled < RAFT_MIN_SIZE:
+        if not _is_int(self.scale) or self.scale < 1:
+            return problems  # named by problems()
+        for name, size in (("height", height), ("width", width)):
+            problem = raft_size_problem(size, self.scale)
+            if problem:
                 problems.append(
-                    f"{name}={size} / {key}.scale={self.scale} = {scaled:g} pixels, but RAFT needs a multiple of 8 "
-                    f"of at least {RAFT_MIN_SIZE} (clips of {RAFT_MIN_SIZE * self.scale}+ pixels in steps of "
-                    f"{8 * self.scale}, or a smaller {key}.scale)"
+                    f"clip {name} {problem} ({key}.scale={self.scale}); use clips of {RAFT_MIN_SIZE * self.scale}+ "
+                    f"pixels in steps of {8 * self.scale}, or a smaller {key}.scale"
                 )
         return problems
 
@@ -95,7 +111,7 @@ def find_raft_weights(raft: str = "large", path: str | None = None) -> Path:
     Raises ``FileNotFoundError`` saying which file to put where when it is missing.
     """
     what = f"the optical-flow loss (loss.flow, RAFT {raft})"
-    off = "or turn the term off with loss.flow.weight=0"
+    off = "or turn the term off: loss.flow.weight=0 (and loss.flow.values=[] loss.flow.boundaries=[] if scheduled)"
     return find_weights_file(RAFT_FILES[raft], path, what, "loss.flow.weights_path", off)
 
 
@@ -141,6 +157,7 @@ class RAFTFlow(nn.Module):
     ``t + 1`` for every ``t``, then from ``t + 1`` to ``t``; the same numbers as torchvision's ``RAFT(image1,
     image2)[-1]`` on each pair. ``dtype`` is the convolutions' (autocast; the weights are stored in it), while
     coordinates and flows stay fp32. Always in eval mode (its context encoder's batch norms keep their statistics).
+    ``raft`` itself is converted (dtype, NHWC) and frozen in place.
     """
 
     def __init__(self, raft: nn.Module, dtype: torch.dtype = torch.bfloat16, flow_updates: int = 12) -> None:
@@ -160,6 +177,10 @@ class RAFTFlow(nn.Module):
 
     def forward(self, frames: Tensor) -> Tensor:
         n, t, c, h, w = frames.shape
+        for size in (h, w):  # static shapes: a check at trace time, nothing in a compiled graph
+            problem = raft_size_problem(size, 1)
+            if problem:
+                raise ValueError(f"loss.flow: RAFT got frames of {h}x{w} (after loss.flow.scale): {problem}")
         corr_block = self.raft.corr_block
         with torch.autocast(frames.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
             images = _nhwc(frames.reshape(n * t, c, h, w).to(self.dtype))
@@ -197,7 +218,8 @@ def _correlation_pyramid(first: Tensor, second: Tensor, levels: int) -> list[Ten
     pyramid = [volume.reshape(n * h * w, 1, h, w)]
     for _ in range(levels - 1):
         pyramid.append(F.avg_pool2d(pyramid[-1], kernel_size=2, stride=2))
-    return pyramid
+    # fp32 once, not at every one of the updates' look-ups (grid_sample runs in fp32 under autocast anyway).
+    return [level.float() for level in pyramid]
 
 
 def _look_up(pyramid: list[Tensor], coords: Tensor, radius: int) -> Tensor:
@@ -215,7 +237,7 @@ def _look_up(pyramid: list[Tensor], coords: Tensor, radius: int) -> Tensor:
         points = centres + delta
         # Absolute pixel positions -> grid_sample's [-1, 1] with align_corners=True.
         grid = torch.cat([2 * points[..., :1] / (vw - 1) - 1, 2 * points[..., 1:] / (vh - 1) - 1], dim=-1)
-        values = F.grid_sample(volume.float(), grid, mode="bilinear", align_corners=True)
+        values = F.grid_sample(volume, grid, mode="bilinear", align_corners=True)
         sampled.append(values.view(n, h, w, side * side))
         centres = centres / 2
     return torch.cat(sampled, dim=-1).permute(0, 3, 1, 2)  # NHWC in memory, as the convolutions take it

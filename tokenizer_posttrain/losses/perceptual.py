@@ -26,7 +26,8 @@ DEFAULT_LAYER_WEIGHTS = (1 / 2.6, 1 / 4.8, 1 / 3.7, 1 / 5.6, 10 / 1.5)
 LPIPS_SHIFT = (-0.030, -0.088, -0.188)
 LPIPS_SCALE = (0.458, 0.448, 0.450)
 _OFF = (
-    "or turn off the terms that read it: loss.perceptual.weight=0 (or loss.perceptual_weight=0) and loss.gram.weight=0"
+    "or turn off the terms that read it: loss.perceptual.weight=0 and loss.gram.weight=0 (and "
+    "loss.<term>.values=[] loss.<term>.boundaries=[] if scheduled)"
 )
 
 
@@ -109,7 +110,7 @@ def read_vgg16_features(path: str | Path, mmap: bool = False) -> dict[str, Tenso
     ``ValueError`` naming the file and the keys. ``mmap`` maps the file instead of reading it (for checks).
     """
     state = read_state_dict(path, "VGG16", mmap=mmap)
-    features = {key: value for key, value in state.items() if key.startswith("features.")}
+    features = {key: value for key, value in state.items() if not isinstance(key, str) or key.startswith("features.")}
     with torch.device("meta"):
         expected = VGG16Features().state_dict()
     problems = state_problems(features, expected)

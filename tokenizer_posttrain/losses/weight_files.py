@@ -38,21 +38,34 @@ def read_state_dict(path: str | Path, what: str, mmap: bool = False) -> dict[str
     """The state dict in ``path`` (weights-only; ``mmap`` maps the file instead of reading it, for checks);
     ``ValueError`` when the file holds something else (``what``: the network it should hold)."""
     try:
-        state = load_torch_file(path, mmap=mmap)
-    except CheckpointError:
-        if not mmap:
-            raise
-        state = load_torch_file(path)  # an old (non-zip) file cannot be mapped
+        try:
+            state = load_torch_file(path, mmap=mmap)
+        except CheckpointError as err:
+            if not mmap or "refusing" in str(err):
+                raise
+            state = load_torch_file(path)  # an old (non-zip) file cannot be mapped
+    except CheckpointError as err:
+        # The reader's advice is about checkpoints; for torchvision's file, say which file it should be.
+        reason = str(err).split(": ", 1)[-1].split(". Checkpoints written", 1)[0].rstrip(".")
+        raise CheckpointError(
+            f"cannot use {path} as torchvision's {what} weights: {reason}; use torchvision's own file"
+        ) from None
     if not isinstance(state, dict):
         raise ValueError(f"{path} is not a {what} state dict (got {type(state).__name__})")
     return state
 
 
-def state_problems(state: dict[str, Tensor], expected: dict[str, Tensor]) -> list[str]:
-    """The missing, unexpected and wrongly shaped keys of ``state`` against ``expected``, sorted."""
-    problems = [f"missing {key}" for key in expected.keys() - state.keys()]
+def state_problems(state: dict, expected: dict[str, Tensor]) -> list[str]:
+    """The missing, unexpected, non-tensor and wrongly shaped entries of ``state`` against ``expected``, sorted.
+
+    Batch norms' ``num_batches_tracked`` counters may be missing (files saved without them load: torch fills
+    them in)."""
+    problems = [f"missing {key}" for key in expected.keys() - state.keys() if not key.endswith(".num_batches_tracked")]
     problems += [f"unexpected {key}" for key in state.keys() - expected.keys()]
     for key in expected.keys() & state.keys():
-        if tuple(state[key].shape) != tuple(expected[key].shape):
-            problems.append(f"{key} has shape {tuple(state[key].shape)}, expected {tuple(expected[key].shape)}")
-    return sorted(problems)
+        value = state[key]
+        if not isinstance(value, Tensor):
+            problems.append(f"{key} is a {type(value).__name__}, not a tensor")
+        elif tuple(value.shape) != tuple(expected[key].shape):
+            problems.append(f"{key} has shape {tuple(value.shape)}, expected {tuple(expected[key].shape)}")
+    return sorted(problems, key=str)

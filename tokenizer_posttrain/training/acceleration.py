@@ -11,8 +11,8 @@
 * activation checkpointing: the encoder and decoder keep only the input of each ResNet block, resampler,
   stem and head for the backward pass and recompute the rest there;
 * DDP settings that keep the host's work per step small (:func:`ddp_kwargs`);
-* on a GPU, fp32 matrix products on tensor cores (TF32, :func:`tensor_core_matmuls`): under bf16 autocast the
-  only ones left are the Gram matrices of the VGG16's bf16 features, whose values TF32 holds exactly.
+* during a bf16-mixed fit on a GPU, fp32 matrix products on tensor cores (TF32, :func:`tensor_core_matmuls`):
+  under bf16 autocast the only ones left are the Gram term's products of the VGG16's bf16 features.
 
 The network's own part is two plain attributes per encoder/decoder level (see
 :mod:`tokenizer_posttrain.network.segments`), so ``state_dict`` keys, ``deepcopy``, tracing and export see
@@ -21,10 +21,11 @@ the same modules as without them. :class:`StepAcceleration` is the one entry the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -258,12 +259,9 @@ class StepAcceleration:
         if self.cuda_graphs:
             allocated_gradients(params)
 
-    def start_fit(self, device: torch.device | None = None) -> None:
-        """A new fit (also a second one after an exception) on ``device``: check CUDA graphs again; on a GPU,
-        :func:`tensor_core_matmuls`."""
+    def start_fit(self) -> None:
+        """A new fit (also a second one after an exception): check CUDA graphs again."""
         self._graphs_checked = False
-        if device is not None and device.type == "cuda":
-            tensor_core_matmuls()
 
     def after_first_batch(self) -> None:
         """After a fit's first batch (which compiled the step): warn if CUDA graphs were skipped."""
@@ -272,15 +270,24 @@ class StepAcceleration:
             warn_if_cuda_graphs_skipped()
 
 
-def tensor_core_matmuls() -> None:
-    """fp32 matrix products in TF32 on tensor cores (``torch.set_float32_matmul_precision("high")``).
+@contextlib.contextmanager
+def tensor_core_matmuls(enabled: bool = True) -> Iterator[None]:
+    """Within the block, fp32 matrix products in TF32 on tensor cores (``set_float32_matmul_precision("high")``);
+    the previous precision after it, so that nothing run later in the process (an evaluation) is affected.
 
-    TF32 keeps 10 of fp32's 23 mantissa bits, bf16 only 7: products of bf16 values (the VGG16 features the Gram
-    term multiplies, cast to fp32) come out as in fp32, accumulated in fp32, at tensor-core speed
-    (docs/benchmarks.md has what the Gram term cost without it). Convolutions in fp32 already use TF32
-    (PyTorch's default for cuDNN).
+    For a bf16-mixed fit: TF32 keeps 10 of fp32's 23 mantissa bits, bf16 only 7, so the Gram term's products of
+    bf16 VGG16 features (cast to fp32) are the same products, accumulated in fp32, at tensor-core speed, wherever
+    the mask is 0 or 1 (fractional mask weights and the backward pass's fp32 gradients are rounded to TF32).
+    docs/benchmarks.md has what the Gram term cost without it. Set before the fit's first compile, since
+    Dynamo guards compiled code on it. Convolutions in fp32 use TF32 anyway (PyTorch's default for cuDNN).
     """
-    torch.set_float32_matmul_precision("high")
+    before = torch.get_float32_matmul_precision()
+    if enabled:
+        torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def allocated_gradients(params: Iterable[nn.Parameter]) -> list[Tensor]:

@@ -177,7 +177,7 @@ class TokenizerModel(pl.LightningModule):
 
     def on_train_start(self) -> None:
         self.guard.reset()
-        self.acceleration.start_fit(self.device)
+        self.acceleration.start_fit()
         if self.adversarial is not None:
             self.adversarial.start(self.device)
 

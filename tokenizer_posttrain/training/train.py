@@ -18,7 +18,7 @@ from ..core.errors import UserError
 from ..data.fake import SyntheticVideoDataModule
 from ..losses.loss import build_loss
 from ..network.registry import get_config
-from .acceleration import ddp_strategy, resolve_compile
+from .acceleration import ddp_strategy, resolve_compile, tensor_core_matmuls
 from .checkpointing import (
     AtomicCheckpointIO,
     FinalCheckpoint,
@@ -108,6 +108,18 @@ def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
         raise ValueError(f"the clip shape does not fit {cfg.name}: {'; '.join(problems)}")
 
 
+def clip_sizes(data: DataConfig, multiple_of: int) -> list[tuple[int, int]]:
+    """Every (height, width) the run's training clips take: the crop, or each aspect bucket's."""
+    if not (data.aspect_buckets and data.path is not None):
+        return [(data.height, data.width)]
+    from ..data.task_encoder import ASPECT_BUCKETS, ClipSpec
+
+    spec = ClipSpec(
+        frames=data.frames, height=data.height, width=data.width, aspect_buckets=True, multiple_of=multiple_of
+    )
+    return [spec.bucket_size(name) for name in ASPECT_BUCKETS]
+
+
 def check_loss_clips(model: ModelConfig, data: DataConfig, loss: LossConfig) -> None:
     """Fail before launch when a term that is ever on cannot work on the clips: loss.consistency's windows,
     loss.flow's frame sizes for RAFT."""
@@ -118,7 +130,8 @@ def check_loss_clips(model: ModelConfig, data: DataConfig, loss: LossConfig) -> 
             "loss.consistency", data.frames, cfg.temporal_compression, continuous=not cfg.is_discrete
         )
     if loss.flow.ever_on:
-        problems += loss.flow.clip_problems("loss.flow", data.frames, data.height, data.width)
+        for height, width in clip_sizes(data, cfg.spatial_compression):
+            problems += loss.flow.clip_problems("loss.flow", data.frames, height, width)
     if problems:
         raise ValueError(
             f"the loss does not fit {cfg.name} clips of {data.frames}x{data.height}x{data.width}: "
@@ -373,7 +386,9 @@ def train(
         _forward_sigusr1_as_sigterm()
         try:
             # weights_only: Lightning would otherwise unpickle the whole file, running any code planted in it.
-            lightning_trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+            tf32 = par.accelerator == "gpu" and str(trainer.precision).startswith("bf16")
+            with tensor_core_matmuls(tf32):
+                lightning_trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         except NonFiniteLossError as stop:
             raise _stopped_for_bad_steps(stop, ckpt_dir, trainer.max_bad_steps) from None
 
