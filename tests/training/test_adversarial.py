@@ -125,3 +125,19 @@ def test_cuda_graphs_give_way_to_the_gan_stage_with_a_warning() -> None:
     with pytest.warns(UserWarning, match=r"loss\.gan: the training step runs compiled but without CUDA graphs"):
         module = TokenizerModel(config, loss=gan_loss())
     assert module.model_config.compile and not module.model_config.replays_cuda_graphs
+
+
+def test_the_compiled_step_feeds_the_gan_stage_its_adaptive_weight_included(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # aot_eager: AOTAutograd's joint graph and compiled backward (what the adaptive weight's torch.autograd.grad
+    # runs through) without Inductor's code generation, which takes minutes on a CPU.
+    from tokenizer_posttrain.training import acceleration
+
+    monkeypatch.setattr(acceleration, "COMPILE_BACKEND", "aot_eager")
+    compiled = TokenizerModel(tiny("CV8x8x8", compile=True), OptimConfig(lr=1e-3), gan_loss())
+    rows = logged(compiled, tmp_path, 2)
+    eager = logged(TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), gan_loss()), tmp_path / "eager", 2)
+    for step in (0, 1):
+        for name in ("train/loss", "train/gan_weight", "train/gan_d"):
+            assert rows[step][name] == pytest.approx(eager[step][name], rel=2e-2), (step, name)
