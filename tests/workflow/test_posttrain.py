@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import captured_output, reference_weights, run_script
+from tests.conftest import captured_output, read_metrics, reference_weights, run_script
 from tests.videos import bigbuckbunny, encode_video, write_energon_dataset
 from tokenizer_posttrain.__main__ import main
 from tokenizer_posttrain.core.errors import UserError
@@ -226,3 +226,28 @@ def test_a_model_name_of_another_width_says_to_leave_out_model(tmp_path: Path) -
     with pytest.raises(CheckpointError, match="you asked for CV8x8x8: leave out --model: the checkpoint's model"):
         run_posttrain(str(reference_weights("CV8x8x8")), str(tmp_path / "videos"), str(tmp_path / "run"), "CV8x8x8")
     assert not (tmp_path / "run" / "data").exists()  # refused before making shards
+
+
+def test_the_gan_stage_reaches_the_training_run_and_bad_settings_stop_before_any_work(
+    tmp_path: Path, base_and_videos: tuple
+) -> None:
+    base, videos = base_and_videos
+    bad = posttrain_here(base, videos, tmp_path / "bad", gan_weight="0.1", gan_start="-2", steps=4)
+    assert bad.returncode == 1 and "loss.gan.disc_start=-2" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "bad").exists()
+    options = {"steps": 4, "frames": 9, "size": 64, "resize_short_side": 128, "batch_size": 1, "num_workers": 0}
+    result = posttrain_here(
+        base,
+        videos,
+        tmp_path / "run",
+        gan_weight="0.1",
+        allow_worse="",
+        val_fraction=0.5,
+        eval_clips=1,
+        stats_clips=1,
+        **options,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [r for r in read_metrics(tmp_path / "run" / "train") if r.get("train/loss")]
+    # --gan-start defaults to half the steps: the discriminator trains from step 2.
+    assert [bool(r.get("train/gan_d")) for r in rows] == [False, False, True, True]

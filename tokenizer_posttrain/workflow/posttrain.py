@@ -29,6 +29,7 @@ from ..evaluation.report import Verdict, card_sections
 from ..io.checkpoint import MODEL_FLAG, load_tokenizer, read_weights, resolve_config
 from ..io.diffusers_format import PIPELINE_SUBFOLDER, diffusers_config, write_diffusers
 from ..io.model_card import checkpoint_card
+from ..losses.gan import GANConfig
 from ..losses.perceptual import find_vgg16_weights
 from ..network.registry import TokenizerConfig
 from ..training.acceleration import fast_encoder
@@ -42,6 +43,15 @@ from ..training.config import (
     ResumeConfig,
     TrainerConfig,
 )
+
+
+def gan_config(weight: float, start: int) -> GANConfig:
+    """posttrain's adversarial stage: ``weight`` (0: off), discriminator and generator term from step ``start``."""
+    config = GANConfig(weight, disc_start=start, gen_start=start)
+    problems = config.problems("--gan-weight/--gan-start: loss.gan")
+    if problems:
+        raise UserError("; ".join(problems))
+    return config
 
 
 def prepare_data(videos: Path, run_dir: Path, val_fraction: float) -> Path:
@@ -104,6 +114,8 @@ def _train_variant(
     num_workers: int,
     accelerator: str,
     perceptual: float,
+    gan_weight: float = 0.0,
+    gan_start: int = 0,
 ) -> Path:
     """Train one configuration into ``run_dir/name``; returns its export folder.
 
@@ -139,7 +151,7 @@ def _train_variant(
         optim=OptimConfig(lr=lr, schedule="cosine", warmup_steps=max(1, steps // 20)),
         resume=ResumeConfig(),
         log=LogConfig(log_dir=str(run_dir), name=name),
-        loss=LossConfig(perceptual_weight=perceptual),
+        loss=LossConfig(perceptual_weight=perceptual, gan=gan_config(gan_weight, gan_start)),
     )
     return Path(run_dir) / name / "export"
 
@@ -160,6 +172,8 @@ def posttrain(
     num_workers: int = 2,
     accelerator: Literal["auto", "gpu", "cpu"] = "auto",
     perceptual_weight: Optional[float] = None,
+    gan_weight: float = 0.0,
+    gan_start: Optional[int] = None,
     val_fraction: float = 0.1,
     eval_clips: int = 32,
     sweep: bool = False,
@@ -195,6 +209,10 @@ def posttrain(
         accelerator: auto, gpu or cpu
         perceptual_weight: weight of the VGG16 perceptual term (default: 0.1 when the VGG16 file is in the
             torch hub cache, else 0 with a notice)
+        gan_weight: weight of the adversarial stage (loss.gan.weight; its other settings at their defaults,
+            README "Adversarial fine-tuning"); 0: off
+        gan_start: optimizer step from which the discriminator and the generator term train (default: half the
+            steps, so that the reconstruction terms settle first)
         val_fraction: held-out share of the videos when making shards
         eval_clips: held-out clips to evaluate, before and after
         sweep: first try lr x (all, decoder, LoRA) for sweep_steps each and keep the best
@@ -215,6 +233,8 @@ def posttrain(
 
     for rate in (lr, *(sweep_lrs or [])):  # before any work: a bad rate would fail only at the training step
         OptimConfig(lr=rate)
+    gan_start = steps // 2 if gan_start is None else gan_start
+    gan_config(gan_weight, gan_start)  # bad GAN settings fail now, before any work
     formats = formats or ["cosmos"]
     unknown = sorted(set(formats) - {"cosmos", "diffusers"})
     if unknown:
@@ -235,6 +255,8 @@ def posttrain(
         num_workers=num_workers,
         accelerator=accelerator,
         perceptual=perceptual,
+        gan_weight=gan_weight,
+        gan_start=gan_start,
     )
     print(f"[1/4] baseline evaluation of {base}", flush=True)
     before = evaluate(base, str(data_path), str(run_dir / "eval_baseline"), max_clips=eval_clips, **clip)
