@@ -6,7 +6,8 @@ SLURM_NNODES) is resolved when the run starts, so a recipe renders the same anyw
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import Any, Optional
 
 import nemo_run as run
 
@@ -45,11 +46,19 @@ def model(
     )
 
 
+def loss_config(**terms: Any) -> run.Config[LossConfig]:  # noqa: ANN401
+    """``LossConfig`` with every term's settings (``loss.gan`` too) a ``run.Config`` of its own: ``terms`` where
+    given, the defaults elsewhere. NeMo-Run cannot reach into a dataclass default (``default_factory``), so an
+    override ``loss.<term>.<setting>`` needs its term here."""
+    for f in dataclasses.fields(LossConfig):
+        if f.name not in terms and dataclasses.is_dataclass(f.default_factory):
+            terms[f.name] = run.Config(f.default_factory)
+    return run.Config(LossConfig, **terms)
+
+
 def loss(perceptual_weight: float = 0.1) -> run.Config[LossConfig]:
     """L1 + VGG16 perceptual loss (weight 0.1 as in the Cosmos recipe; 0 needs no VGG16 file)."""
-    return run.Config(
-        LossConfig, l1=run.Config(L1Config), perceptual=run.Config(PerceptualConfig, weight=perceptual_weight)
-    )
+    return loss_config(l1=run.Config(L1Config), perceptual=run.Config(PerceptualConfig, weight=perceptual_weight))
 
 
 def cosmos_loss() -> run.Config[LossConfig]:
@@ -57,8 +66,7 @@ def cosmos_loss() -> run.Config[LossConfig]:
     L1 at weight 1; perceptual 0.1, 0.073 from step 500000; Gram 0, 0.062 from step 500000; optical flow (RAFT
     large, frames scaled by 2, bf16) 0, 0.01 from step 250000. NeMo's loss has no high-frequency or consistency
     term (cosmos-predict1's trainer ships both off): weight 0 here. Needs torchvision's VGG16 and RAFT large files."""
-    return run.Config(
-        LossConfig,
+    return loss_config(
         l1=run.Config(L1Config, weight=1.0),
         perceptual=run.Config(PerceptualConfig, boundaries=[500000], values=[0.1, 0.073]),
         gram=run.Config(GramConfig, boundaries=[500000], values=[0.0, 0.062]),

@@ -13,7 +13,9 @@ import torch
 
 from tests.conftest import read_metrics, run_cli, run_cli_here, run_torchrun
 from tokenizer_posttrain.commands.train_cli import run_cli as run_cli_in_process
+from tokenizer_posttrain.losses.gan import GANConfig
 from tokenizer_posttrain.network import build_tokenizer
+from tokenizer_posttrain.training.adversarial import AdversarialStage
 from tokenizer_posttrain.training.train import train
 
 
@@ -109,13 +111,30 @@ def test_bad_input_exits_non_zero_with_a_message(
     assert not (tmp_path / "tiny_cv8x8x8" / "checkpoints").exists()  # failed before any work
 
 
-def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_path: Path) -> None:
+GAN = ("loss.gan.weight=0.1", "loss.gan.channels=8", "loss.gan.layers=2")
+"""The GAN stage from step 0. LeCam stays off here: its moving averages are each rank's own (they follow the logits
+of the clips a rank sees, in the order it sees them), so they differ from one process's, legitimately.
+
+The adaptive weight is taken per micro-batch from that micro-batch's own gradients (autograd.grad, before any
+all-reduce), on a rank as in one process: with the same micro-batch size either way (1 here) it is the same
+number for the same clip, so adaptive on is exact too. With other micro-batch sizes on the two sides it would
+legitimately differ."""
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [(), (*GAN, "loss.gan.adaptive=false"), (*GAN, "loss.gan.adaptive=true")],
+    ids=["plain", "gan", "gan-adaptive"],
+)
+def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_path: Path, extra: tuple) -> None:
     # The same 4 clips per step either way: ranks take alternate positions of one seeded stream,
     # and DDP averages over ranks what a single process averages over its 4 micro-batches.
     common = ("--factory", "tiny", "trainer.max_steps=3", "data.global_batch_size=4", "data.micro_batch_size=1")
     common += ("trainer.precision=32-true", "trainer.seed=1234", "log.export_on_end=false", f"log.log_dir={tmp_path}")
+    common += extra
     result = run_torchrun(*common, "log.name=ddp", cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "unused parameters" not in result.stderr  # the discriminator is outside the tokenizer's DDP
     single = run_cli_here(*common, "log.name=single", cwd=tmp_path)
     assert single.returncode == 0, single.stderr[-3000:]
     ddp = torch.load(tmp_path / "ddp" / "checkpoints" / "last.ckpt", weights_only=True)
@@ -139,6 +158,17 @@ def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_pat
     disagreement = sum(((ddp["state_dict"][k] - one["state_dict"][k]) ** 2).sum() for k in weights).sqrt()
     update = sum(((one["state_dict"][k] - start[k.removeprefix("network.")]) ** 2).sum() for k in weights).sqrt()
     assert update > 0.05 and disagreement < 1e-3 * update, (float(disagreement), float(update))
+    if extra:
+        # The discriminator too: its own DDP averages over ranks what one process accumulates.
+        assert (
+            "adversarial" not in ddp["state_dict"] and ddp["adversarial"]["steps"] == one["adversarial"]["steps"] == 3
+        )
+        d_ddp, d_one = ddp["adversarial"]["discriminator"], one["adversarial"]["discriminator"]
+        d_start = AdversarialStage(GANConfig(weight=0.1, channels=8, layers=2)).discriminator.state_dict()
+        assert d_ddp.keys() == d_one.keys() == d_start.keys()
+        d_disagreement = sum(((d_ddp[k] - d_one[k]) ** 2).sum() for k in d_start).sqrt()
+        d_update = sum(((d_one[k] - d_start[k]) ** 2).sum() for k in d_start).sqrt()
+        assert d_update > 1e-3 and d_disagreement < 1e-3 * d_update, (float(d_disagreement), float(d_update))
 
 
 def test_help_lists_every_setting_with_its_type_default_and_doc_and_exits_0(tmp_path: Path) -> None:

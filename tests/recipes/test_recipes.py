@@ -149,3 +149,14 @@ def test_overrides_reach_the_cosmos_finetune_loss() -> None:
     assert loss.weights_at(1000) == {"l1": 1.0, "perceptual": 0.1, "high_freq": 0.2, "flow": 0.01}
     assert kw["trainer"].max_steps == 2000
     assert any("loss.gram.boundaries=[500000]" in note for note in loss.unreached_changes(2000))
+
+
+@pytest.mark.parametrize("factory", sorted(FACTORIES))
+def test_every_loss_term_and_the_gan_take_overrides_in_every_recipe(factory: str) -> None:
+    # NeMo-Run cannot set a field inside a dataclass default: each term must be a Config of the recipe's.
+    overrides = ["loss.gram.weight=0.5", "loss.flow.raft=small", "loss.high_freq.weight=0.2"]
+    overrides += ["loss.consistency.weight=0.3", "loss.gan.weight=0.1", "loss.gan.disc_start=7", "loss.gan.gen_start=9"]
+    loss = fdl.build(parse_cli_args(FACTORIES[factory][0](), overrides)).keywords["loss"]
+    assert (loss.gram.weight, loss.flow.raft) == (0.5, "small")
+    assert (loss.high_freq.weight, loss.consistency.weight) == (0.2, 0.3)
+    assert (loss.gan.weight, loss.gan.disc_start, loss.gan.gen_start, loss.gan.channels) == (0.1, 7, 9, 64)

@@ -50,16 +50,27 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
         time.sleep(0.2)
 
 
-def losses(run_dir: Path) -> dict[int, float]:
-    return {int(r["step"]): float(r["train/loss"]) for r in read_metrics(run_dir) if r.get("train/loss")}
+def losses(run_dir: Path, name: str = "train/loss") -> dict[int, float]:
+    return {int(r["step"]): float(r[name]) for r in read_metrics(run_dir) if r.get(name)}
 
 
-def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(tmp_path: Path) -> None:
-    whole = run_cli_here(*ARGS, "trainer.max_steps=10", f"log.log_dir={tmp_path / 'whole'}", cwd=tmp_path)
+GAN = [
+    "loss.gan.weight=0.1",
+    "loss.gan.channels=8",
+    "loss.gan.layers=2",
+    "loss.gan.disc_start=2",  # before the kill at step 4: the discriminator's weights, optimizer and LeCam
+    "loss.gan.gen_start=3",  # averages must all come back from the checkpoint
+    "loss.gan.lecam_weight=0.01",
+]
+
+
+@pytest.mark.parametrize("extra", [[], GAN], ids=["plain", "gan"])
+def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(tmp_path: Path, extra: list[str]) -> None:
+    whole = run_cli_here(*ARGS, *extra, "trainer.max_steps=10", f"log.log_dir={tmp_path / 'whole'}", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
     killed_dir = tmp_path / "killed"
     killed_dir.mkdir()
-    proc = start(killed_dir, "trainer.max_steps=10")
+    proc = start(killed_dir, *extra, "trainer.max_steps=10")
     wait_for(killed_dir / "tiny_cv8x8x8" / "checkpoints" / "step=4.ckpt", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -67,13 +78,15 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(tmp_path: Path)
     # every checkpoint left is complete: each was written under a temporary name, then renamed
     done = max(torch.load(p, weights_only=True)["global_step"] for p in ckpts)
     assert 4 <= done < 10
-    resumed = run_cli_here(*ARGS, "trainer.max_steps=10", f"log.log_dir={killed_dir}", cwd=killed_dir)
+    resumed = run_cli_here(*ARGS, *extra, "trainer.max_steps=10", f"log.log_dir={killed_dir}", cwd=killed_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming from" in resumed.stdout
-    a, b = losses(tmp_path / "whole" / "tiny_cv8x8x8"), losses(killed_dir / "tiny_cv8x8x8")
-    assert set(range(done, 10)) <= set(b)
-    for step in range(done, 10):
-        assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6), (step, a[step], b[step])
+    # With the GAN on, the discriminator's and generator's terms after the resume are the reference's too.
+    for name in ["train/loss"] + (["train/gan_d", "train/gan_g"] if extra else []):
+        a, b = losses(tmp_path / "whole" / "tiny_cv8x8x8", name), losses(killed_dir / "tiny_cv8x8x8", name)
+        assert set(range(done, 10)) <= set(a) and set(range(done, 10)) <= set(b), (name, sorted(a), sorted(b))
+        for step in range(done, 10):
+            assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6), (name, step, a[step], b[step])
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
