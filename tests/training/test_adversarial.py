@@ -141,3 +141,18 @@ def test_the_compiled_step_feeds_the_gan_stage_its_adaptive_weight_included(
     for step in (0, 1):
         for name in ("train/loss", "train/gan_weight", "train/gan_d"):
             assert rows[step][name] == pytest.approx(eager[step][name], rel=2e-2), (step, name)
+
+
+def test_a_run_with_the_gan_exports_the_tokenizer_alone(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    from tests.training.conftest import tiny_run
+    from tokenizer_posttrain.training.train import train
+
+    gan = {"weight": 0.1, **SMALL}
+    run_dir = train(**tiny_run(tmp_path, steps=2, log={"export_on_end": True}, loss={"gan": GANConfig(**gan)}))
+    with safe_open(str(run_dir / "export" / "model.safetensors"), "pt") as exported:
+        keys = set(exported.keys())
+    assert keys and all(key.startswith(("encoder.", "decoder.", "quant", "post_quant")) for key in keys), keys
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert saved[CHECKPOINT_KEY]["steps"] == 2
