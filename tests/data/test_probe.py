@@ -110,7 +110,8 @@ def test_probe_finds_a_faststart_mp4_cut_short(fraction: float, tmp_path: Path) 
     info = probe_video(data[: int(len(data) * fraction)])
     assert info.promised == 72
     assert 0.5 * fraction * 72 < info.frames < fraction * 72 + 3
-    assert "the file ends inside frame" in info.damage
+    # A cut inside a frame's packet, or (when the cut falls on a packet boundary) right after a whole one.
+    assert info.damage.startswith(("the file ends inside frame", "the file ends after frame")), info.damage
     # even a clip short enough to fit in the readable part is refused: the file is damaged
     problems = {p.code: p for p in clip_problems(info, frames=9, crop=64)}
     assert problems["partial_video"].severity == "error"

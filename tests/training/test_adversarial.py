@@ -136,9 +136,9 @@ def test_the_compiled_step_feeds_the_gan_stage_its_adaptive_weight_included(
 
     monkeypatch.setattr(acceleration, "COMPILE_BACKEND", "aot_eager")
     compiled = TokenizerModel(tiny("CV8x8x8", compile=True), OptimConfig(lr=1e-3), gan_loss())
-    rows = logged(compiled, tmp_path, 2)
-    eager = logged(TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), gan_loss()), tmp_path / "eager", 2)
-    for step in (0, 1):
+    rows = logged(compiled, tmp_path, 1)
+    eager = logged(TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), gan_loss()), tmp_path / "eager", 1)
+    for step in (0,):
         for name in ("train/loss", "train/gan_weight", "train/gan_d"):
             assert rows[step][name] == pytest.approx(eager[step][name], rel=2e-2), (step, name)
 
