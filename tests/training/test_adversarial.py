@@ -156,3 +156,15 @@ def test_a_run_with_the_gan_exports_the_tokenizer_alone(tmp_path: Path) -> None:
     assert keys and all(key.startswith(("encoder.", "decoder.", "quant", "post_quant")) for key in keys), keys
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert saved[CHECKPOINT_KEY]["steps"] == 2
+
+
+def test_adaptive_every_reuses_the_weight_between_recomputations(tmp_path: Path) -> None:
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), gan_loss(adaptive_every=3))
+    rows = logged(module, tmp_path, 5)
+    weights = [rows[step]["train/gan_weight"] for step in range(5)]
+    assert weights[0] == weights[1] == weights[2] and weights[3] == weights[4] and weights[3] != weights[0]
+    assert module.adversarial is not None and module.adversarial.adaptive_step == 3
+    state = module.adversarial.state_dict()
+    assert state["adaptive_step"] == 3 and float(state["adaptive"]) == pytest.approx(weights[3] / 0.5, rel=1e-5)
+    with pytest.raises(ValueError, match=r"loss\.gan\.adaptive_every=0 must be >= 1"):
+        gan_loss(adaptive_every=0)

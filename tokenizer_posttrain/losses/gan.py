@@ -60,6 +60,10 @@ class GANConfig:
     """Scale the generator term by ||grad rec|| / (||grad gan|| + 1e-4) at the decoder's last layer (taming's rule)."""
     adaptive_max: float = 1e4
     """Upper clamp of the adaptive weight."""
+    adaptive_every: int = 1
+    """Recompute the adaptive weight every this many optimizer steps and reuse it in between (1: every
+    micro-batch, taming's rule exactly). Each computation takes two more gradient evaluations, which under
+    ``model.compile`` run the whole compiled backward pass each."""
     disc_start: int = 0
     """Optimizer step (0-based) from which the discriminator trains."""
     gen_start: int = 0
@@ -110,7 +114,14 @@ class GANConfig:
         """The integer settings: sizes and steps."""
         problems = [
             f"{key}.{name}={getattr(self, name)} must be >= {least}"
-            for name, least in (("channels", 1), ("layers", 1), ("r1_every", 1), ("disc_start", 0), ("ramp_steps", 0))
+            for name, least in (
+                ("channels", 1),
+                ("layers", 1),
+                ("r1_every", 1),
+                ("adaptive_every", 1),
+                ("disc_start", 0),
+                ("ramp_steps", 0),
+            )
             if getattr(self, name) < least
         ]
         if self.gen_start < self.disc_start:

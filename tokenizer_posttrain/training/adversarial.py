@@ -57,6 +57,9 @@ class AdversarialStage:
         self.optimizer: torch.optim.Optimizer | None = None
         self.wrapped: nn.Module = self.discriminator
         self.steps = 0  # discriminator optimizer steps taken (R1's cadence)
+        # The adaptive weight last computed, and at which optimizer step (loss.gan.adaptive_every > 1 reuses it).
+        self.adaptive: Tensor | None = None
+        self.adaptive_step = -1
         self._pending: dict[str, Any] | None = None
         self._has_grad = False
 
@@ -97,10 +100,20 @@ class AdversarialStage:
         finally:
             self.discriminator.requires_grad_(True)
         if self.config.adaptive and last_layer is not None and torch.is_grad_enabled():
-            weight = adaptive_weight(reconstruction_loss, g_loss, last_layer, self.config.adaptive_max)
+            weight = self._adaptive_weight(reconstruction_loss, g_loss, last_layer, step)
         else:
             weight = torch.ones((), device=g_loss.device)
         return {"gan_g": g_loss, "gan_weight": (weight * self.config.weight * factor).detach()}
+
+    def _adaptive_weight(self, reconstruction_loss: Tensor, g_loss: Tensor, last_layer: Tensor, step: int) -> Tensor:
+        """taming's weight, computed now, or the last one while ``loss.gan.adaptive_every`` says to reuse it."""
+        every = self.config.adaptive_every
+        due = self.adaptive is None or (step % every == 0 and step != self.adaptive_step)
+        if every == 1 or due:
+            self.adaptive = adaptive_weight(reconstruction_loss, g_loss, last_layer, self.config.adaptive_max)
+            self.adaptive_step = step
+        assert self.adaptive is not None
+        return self.adaptive
 
     # The discriminator side -----------------------------------------------------------------------------
 
@@ -157,6 +170,8 @@ class AdversarialStage:
             "lecam": self.lecam.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "steps": self.steps,
+            "adaptive": self.adaptive.detach().cpu() if self.adaptive is not None else None,
+            "adaptive_step": self.adaptive_step,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -173,3 +188,7 @@ class AdversarialStage:
         if state.get("optimizer") is not None and self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["steps"])
+        adaptive = state.get("adaptive")
+        device = next(self.discriminator.parameters()).device
+        self.adaptive = adaptive.to(device) if adaptive is not None else None
+        self.adaptive_step = int(state.get("adaptive_step", -1))
