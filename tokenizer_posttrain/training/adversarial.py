@@ -129,7 +129,8 @@ class AdversarialStage:
         real_logits, fake_logits = logits.float().chunk(2)
         d_loss = discriminator_loss(cfg.loss, real_logits, fake_logits)
         total = d_loss
-        values = {"gan_d": d_loss.detach(), "d_real": real_logits.mean().detach(), "d_fake": fake_logits.mean()}
+        values = {"gan_d": d_loss, "d_real": real_logits.mean(), "d_fake": fake_logits.mean()}
+        values = {name: value.detach() for name, value in values.items()}
         if cfg.lecam_weight > 0:
             lecam = self.lecam.penalty(real_logits, fake_logits)
             self.lecam.update(real_logits.detach(), fake_logits.detach())
@@ -142,7 +143,6 @@ class AdversarialStage:
             values["r1"] = r1.detach()
         (total / micro_batches).backward()
         self._has_grad = True
-        values["d_fake"] = values["d_fake"].detach()
         return values
 
     def optimizer_step(self) -> float | None:
