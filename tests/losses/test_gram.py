@@ -9,7 +9,7 @@ import torch
 
 from tests.losses.test_perceptual import SCALE, SHIFT, masked_frames_case, videos
 from tokenizer_posttrain.losses import LossConfig, build_loss
-from tokenizer_posttrain.losses.gram import GramConfig, GramTerm, gram_distance, weighted_gram_sums
+from tokenizer_posttrain.losses.gram import GramConfig, GramTerm, gram_distance, weighted_gram_difference
 from tokenizer_posttrain.losses.perceptual import (
     DEFAULT_LAYER_WEIGHTS,
     PerceptualConfig,
@@ -53,22 +53,42 @@ def test_a_gram_matrix_by_hand() -> None:
     # One channel, two positions: Gram = mean of f^2. Reconstruction (1, 1) -> 1, target (0, 2) -> 2.
     rec, tgt = torch.tensor([1.0, 1.0]).view(1, 1, 1, 2), torch.tensor([0.0, 2.0]).view(1, 1, 1, 2)
     ones = torch.ones(1, 1, 1, 2)
-    sums = [weighted_gram_sums(f, ones) for f in (rec, tgt)]
-    assert sums[0].item() == 2.0 and sums[1].item() == 4.0
-    assert gram_distance(sums[0], sums[1], ones.sum(dim=(1, 2, 3))).item() == 1.0
+    difference = weighted_gram_difference(rec, tgt, ones)
+    assert difference.item() == 2.0 - 4.0
+    assert gram_distance(difference, ones.sum(dim=(1, 2, 3))).item() == 1.0
     # Counting only the second position: Grams 1 and 4, difference 9.
     half = torch.tensor([0.0, 1.0]).view(1, 1, 1, 2)
-    sums = [weighted_gram_sums(f, half) for f in (rec, tgt)]
-    assert gram_distance(sums[0], sums[1], half.sum(dim=(1, 2, 3))).item() == 9.0
+    assert gram_distance(weighted_gram_difference(rec, tgt, half), half.sum(dim=(1, 2, 3))).item() == 9.0
 
 
-def test_weighted_gram_sums_are_the_einsum_of_the_features() -> None:
-    features = torch.randn(3, 4, 5, 6)
+def test_the_gram_difference_is_the_einsum_of_the_features() -> None:
+    rec, tgt = torch.randn(3, 4, 5, 6), torch.randn(3, 4, 5, 6)
     weight = torch.rand(3, 1, 5, 6)
-    expected = torch.einsum("nchw,ndhw,nhw->ncd", features, features, weight[:, 0])
-    torch.testing.assert_close(weighted_gram_sums(features, weight), expected)
-    nhwc = features.contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(weighted_gram_sums(nhwc, weight), expected)
+    expected = sum(
+        sign * torch.einsum("nchw,ndhw,nhw->ncd", f, f, weight[:, 0]) for sign, f in ((1, rec), (-1, tgt))
+    )
+    torch.testing.assert_close(weighted_gram_difference(rec, tgt, weight), expected)
+    nhwc = [f.contiguous(memory_format=torch.channels_last) for f in (rec, tgt)]
+    torch.testing.assert_close(weighted_gram_difference(*nhwc, weight), expected)
+
+
+def test_bf16_features_keep_the_digits_of_a_small_gram_difference() -> None:
+    # A good reconstruction: features 1% off the target's. Two bf16 Gram products subtracted would keep almost
+    # none of the difference's digits (bf16 rounds the Grams by about 0.4%); one product of the difference does.
+    generator = torch.Generator().manual_seed(0)
+    tgt = torch.rand(2, 8, 16, 16, generator=generator)
+    rec = tgt * (1 + 0.01 * torch.randn(tgt.shape, generator=generator))
+    rec, tgt = rec.bfloat16(), tgt.bfloat16()
+    weight = torch.ones(2, 1, 16, 16)
+    exact = sum(
+        sign * torch.einsum("nchw,ndhw->ncd", f.double(), f.double()) for sign, f in ((1, rec), (-1, tgt))
+    )
+    got = weighted_gram_difference(rec, tgt, weight)
+    assert got.dtype == torch.float32
+    error = ((got.double() - exact).norm() / exact.norm()).item()
+    naive = sum(sign * torch.matmul(f.flatten(2), f.flatten(2).transpose(1, 2)) for sign, f in ((1, rec), (-1, tgt)))
+    naive_error = ((naive.double() - exact).norm() / exact.norm()).item()
+    assert error < 0.01 < naive_error
 
 
 @pytest.mark.parametrize("temporal", [True, False])

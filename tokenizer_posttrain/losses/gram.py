@@ -29,28 +29,34 @@ class GramConfig(TermConfig):
     """One Gram matrix per clip over all its frames (NVIDIA's trainers, for videos); False: one per frame."""
 
 
-def weighted_gram_sums(features: Tensor, weight: Tensor) -> Tensor:
-    """``[N, C, h, w]`` features, ``[N, 1, h, w]`` weights -> ``[N, C, C]``: the weighted sum over positions of
-    ``f fᵀ``, in fp32 (a difference of two such matrices would lose its digits in bf16)."""
-    with torch.autocast(features.device.type, enabled=False):
-        # sqrt(w) f on both sides: one weighted copy, the only one the backward pass keeps. flatten(2) is a
-        # view of NHWC features too, and the product keeps their layout.
-        scaled = features.float().flatten(2) * weight.float().flatten(2).sqrt()  # [N, C, h*w]
-        return torch.matmul(scaled, scaled.transpose(1, 2))
+def weighted_gram_difference(reconstruction: Tensor, target: Tensor, weight: Tensor) -> Tensor:
+    """``[N, C, h, w]`` features of reconstruction and target, ``[N, 1, h, w]`` weights -> ``[N, C, C]`` fp32:
+    the weighted sum over positions of ``r rᵀ - t tᵀ``, the difference of the two Gram sums.
+
+    It is the symmetric part of ``(w (r - t)) (r + t)ᵀ``: one matrix product that yields the difference itself,
+    so that bf16 features keep the product on bf16 tensor cores (fp32 accumulation) and its rounding is relative
+    to the difference, not to the far larger Gram matrices a subtraction of two bf16 products would lose it in.
+    Other dtypes multiply in fp32.
+    """
+    with torch.autocast(reconstruction.device.type, enabled=False):
+        dtype = torch.bfloat16 if reconstruction.dtype == torch.bfloat16 else torch.float32
+        # flatten(2) is a view of NHWC features too, and the products keep their layout.
+        rec, tgt = reconstruction.flatten(2).to(dtype), target.flatten(2).to(dtype)
+        scaled_difference = (rec - tgt) * weight.flatten(2).to(dtype)  # [N, C, h*w]
+        product = torch.matmul(scaled_difference, (rec + tgt).transpose(1, 2)).float()
+        return (product + product.transpose(1, 2)) / 2
 
 
-def gram_distance(reconstruction: Tensor, target: Tensor, mass: Tensor, clips: int | None = None) -> Tensor:
-    """Mean squared difference of Gram matrices from :func:`weighted_gram_sums` (``[N, C, C]`` each) and the
+def gram_distance(difference: Tensor, mass: Tensor, clips: int | None = None) -> Tensor:
+    """Mean squared difference of Gram matrices, from :func:`weighted_gram_difference` (``[N, C, C]``) and the
     weights' sums ``mass`` ``[N]``: per frame, or per clip of ``N / clips`` consecutive frames when ``clips`` is
     given; averaged over the frames (clips) with a counted pixel."""
     if clips is not None:
-        channels = reconstruction.shape[-1]
-        reconstruction = reconstruction.view(clips, -1, channels, channels).sum(1)
-        target = target.view(clips, -1, channels, channels).sum(1)
+        channels = difference.shape[-1]
+        difference = difference.view(clips, -1, channels, channels).sum(1)
         mass = mass.view(clips, -1).sum(1)
-    # Weighted means over positions; where nothing counts both sums are 0, and so is their difference.
-    difference = (reconstruction - target) / mass.clamp_min(1e-12)[:, None, None]
-    per_unit = difference.square().mean(dim=(1, 2))
+    # Weighted means over positions; where nothing counts the sum is 0, and so is the mean.
+    per_unit = (difference / mass.clamp_min(1e-12)[:, None, None]).square().mean(dim=(1, 2))
     counted = (mass > 0).float()
     return (per_unit * counted).sum() / counted.sum().clamp_min(1)
 
@@ -67,10 +73,10 @@ class GramTerm(FeatureTerm):
     def statistics(
         self, reconstruction: list[Tensor], target: list[Tensor], weights: list[Tensor]
     ) -> tuple[Tensor, ...]:
-        """Per layer and frame: the weighted Gram sums of reconstruction and target, and the weights' sum."""
+        """Per layer and frame: the difference of the weighted Gram sums, and the weights' sum."""
         out: list[Tensor] = []
         for rec, tgt, weight in zip(reconstruction, target, weights, strict=True):
-            out += [weighted_gram_sums(rec, weight), weighted_gram_sums(tgt, weight), weight.sum(dim=(1, 2, 3))]
+            out += [weighted_gram_difference(rec, tgt, weight), weight.sum(dim=(1, 2, 3))]
         return tuple(out)
 
     def value(self, chunks: list[tuple[Tensor, ...]], clips: int) -> Tensor:
@@ -79,8 +85,8 @@ class GramTerm(FeatureTerm):
         per_clip = clips if self.config.temporal else None
         total: Tensor | None = None
         for layer, layer_weight in enumerate(self.layer_weights):
-            rec, tgt, mass = stats[3 * layer : 3 * layer + 3]
-            value = layer_weight * gram_distance(rec, tgt, mass, per_clip)
+            difference, mass = stats[2 * layer : 2 * layer + 2]
+            value = layer_weight * gram_distance(difference, mass, per_clip)
             total = value if total is None else total + value
         assert total is not None
         return total
