@@ -70,6 +70,19 @@ def test_the_gram_difference_is_the_einsum_of_the_features() -> None:
     torch.testing.assert_close(weighted_gram_difference(rec, tgt, weight), expected)
     nhwc = [f.contiguous(memory_format=torch.channels_last) for f in (rec, tgt)]
     torch.testing.assert_close(weighted_gram_difference(*nhwc, weight), expected)
+    # Either layout on either side: the layout picks the product's orientation, never the result.
+    torch.testing.assert_close(weighted_gram_difference(nhwc[0], tgt, weight), expected)
+    torch.testing.assert_close(weighted_gram_difference(rec, nhwc[1], weight), expected)
+
+
+def test_nhwc_features_keep_their_memory_order() -> None:
+    # NHWC features are used as [N, h*w, C] views: no copy into channels-first order (a strided transpose
+    # under Inductor) before the product.
+    from tokenizer_posttrain.losses.gram import _positions
+
+    features = torch.randn(2, 4, 3, 5).contiguous(memory_format=torch.channels_last)
+    view = _positions(features, nhwc=True)
+    assert view.shape == (2, 15, 4) and view.is_contiguous() and view.data_ptr() == features.data_ptr()
 
 
 def test_bf16_features_keep_the_digits_of_a_small_gram_difference() -> None:
@@ -100,6 +113,21 @@ def test_matches_the_trainers_formula_without_a_mask(weights_file: Path, vgg: VG
     torch.testing.assert_close(gram_loss(vgg, recon, target, temporal=temporal), expected, rtol=1e-4, atol=0)
     ones = torch.ones(2, 1, 3, 16, 16)
     torch.testing.assert_close(gram_loss(vgg, recon, target, ones, temporal), expected, rtol=1e-4, atol=0)
+
+
+def test_channels_last_features_give_the_same_value_and_gradients(weights_file: Path, vgg: VGG16Pass) -> None:
+    target, noise = videos(b=2, t=3)
+    mask = (torch.rand(2, 1, 3, 16, 16, generator=torch.Generator().manual_seed(2)) > 0.3).float()
+    nhwc = VGG16Pass(load_vgg16_features(weights_file), channels_last=True)
+    values, grads = [], []
+    for net in (vgg, nhwc):
+        recon = (target + 0.2 * noise).requires_grad_(True)
+        value = gram_loss(net, recon, target, mask)
+        value.backward()
+        values.append(value.detach())
+        grads.append(recon.grad)
+    torch.testing.assert_close(values[1], values[0], rtol=1e-5, atol=0)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-9)
 
 
 def test_zero_for_identical_videos(vgg: VGG16Pass) -> None:

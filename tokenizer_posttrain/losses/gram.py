@@ -40,11 +40,25 @@ def weighted_gram_difference(reconstruction: Tensor, target: Tensor, weight: Ten
     """
     with torch.autocast(reconstruction.device.type, enabled=False):
         dtype = torch.bfloat16 if reconstruction.dtype == torch.bfloat16 else torch.float32
-        # flatten(2) is a view of NHWC features too, and the products keep their layout.
-        rec, tgt = reconstruction.flatten(2).to(dtype), target.flatten(2).to(dtype)
-        scaled_difference = (rec - tgt) * weight.flatten(2).to(dtype)  # [N, C, h*w]
-        product = torch.matmul(scaled_difference, (rec + tgt).transpose(1, 2)).float()
+        nhwc = reconstruction.stride(1) == 1 and reconstruction.shape[1] > 1
+        rec, tgt, weight = (_positions(f, nhwc).to(dtype) for f in (reconstruction, target, weight))
+        scaled_difference = (rec - tgt) * weight
+        if nhwc:  # [N, h*w, C]: the product contracts the leading axis
+            product = torch.matmul(scaled_difference.transpose(1, 2), rec + tgt)
+        else:  # [N, C, h*w]
+            product = torch.matmul(scaled_difference, (rec + tgt).transpose(1, 2))
+        product = product.float()
         return (product + product.transpose(1, 2)) / 2
+
+
+def _positions(features: Tensor, nhwc: bool) -> Tensor:
+    """``[N, C, h, w]`` -> ``[N, h*w, C]`` (``nhwc``: a view of NHWC features) or ``[N, C, h*w]``.
+
+    Keeping the channels innermost where they are innermost lets every elementwise kernel of the term (forward
+    and backward) read and write in memory order: under Inductor, NHWC features flattened channels-first made
+    each of them a strided transpose, which cost more than the products themselves (docs/benchmarks.md).
+    """
+    return features.permute(0, 2, 3, 1).flatten(1, 2) if nhwc else features.flatten(2)
 
 
 def gram_distance(difference: Tensor, mass: Tensor, clips: int | None = None) -> Tensor:
