@@ -115,15 +115,16 @@ GAN = ("loss.gan.weight=0.1", "loss.gan.channels=8", "loss.gan.layers=2")
 """The GAN stage from step 0. LeCam stays off here: its moving averages are each rank's own (they follow the logits
 of the clips a rank sees, in the order it sees them), so they differ from one process's, legitimately.
 
-The adaptive weight is taken per micro-batch from that micro-batch's own gradients (autograd.grad, before any
-all-reduce), on a rank as in one process: with the same micro-batch size either way (1 here) it is the same
-number for the same clip, so adaptive on is exact too. With other micro-batch sizes on the two sides it would
-legitimately differ."""
+The adaptive weight, recomputed at every micro-batch (``adaptive_every=1``), is taken from that micro-batch's own
+gradients (autograd.grad, before any all-reduce), on a rank as in one process: with the same micro-batch size either
+way (1 here) it is the same number for the same clip, so adaptive on is exact too. With other micro-batch sizes on
+the two sides it would legitimately differ, and so it does with the default ``adaptive_every=8``: each rank reuses
+the weight of its own first micro-batch, one process that of the step's first."""
 
 
 @pytest.mark.parametrize(
     "extra",
-    [(), (*GAN, "loss.gan.adaptive=true")],
+    [(), (*GAN, "loss.gan.adaptive=true", "loss.gan.adaptive_every=1")],
     ids=["plain", "gan-adaptive"],
 )
 def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_path: Path, extra: tuple) -> None:

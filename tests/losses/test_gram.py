@@ -64,9 +64,7 @@ def test_a_gram_matrix_by_hand() -> None:
 def test_the_gram_difference_is_the_einsum_of_the_features() -> None:
     rec, tgt = torch.randn(3, 4, 5, 6), torch.randn(3, 4, 5, 6)
     weight = torch.rand(3, 1, 5, 6)
-    expected = sum(
-        sign * torch.einsum("nchw,ndhw,nhw->ncd", f, f, weight[:, 0]) for sign, f in ((1, rec), (-1, tgt))
-    )
+    expected = sum(sign * torch.einsum("nchw,ndhw,nhw->ncd", f, f, weight[:, 0]) for sign, f in ((1, rec), (-1, tgt)))
     torch.testing.assert_close(weighted_gram_difference(rec, tgt, weight), expected)
     nhwc = [f.contiguous(memory_format=torch.channels_last) for f in (rec, tgt)]
     torch.testing.assert_close(weighted_gram_difference(*nhwc, weight), expected)
@@ -93,9 +91,7 @@ def test_bf16_features_keep_the_digits_of_a_small_gram_difference() -> None:
     rec = tgt * (1 + 0.01 * torch.randn(tgt.shape, generator=generator))
     rec, tgt = rec.bfloat16(), tgt.bfloat16()
     weight = torch.ones(2, 1, 16, 16)
-    exact = sum(
-        sign * torch.einsum("nchw,ndhw->ncd", f.double(), f.double()) for sign, f in ((1, rec), (-1, tgt))
-    )
+    exact = sum(sign * torch.einsum("nchw,ndhw->ncd", f.double(), f.double()) for sign, f in ((1, rec), (-1, tgt)))
     got = weighted_gram_difference(rec, tgt, weight)
     assert got.dtype == torch.float32
     error = ((got.double() - exact).norm() / exact.norm()).item()

@@ -60,10 +60,11 @@ class GANConfig:
     """Scale the generator term by ||grad rec|| / (||grad gan|| + 1e-4) at the decoder's last layer (taming's rule)."""
     adaptive_max: float = 1e4
     """Upper clamp of the adaptive weight."""
-    adaptive_every: int = 1
+    adaptive_every: int = 8
     """Recompute the adaptive weight every this many optimizer steps and reuse it in between (1: every
     micro-batch, taming's rule exactly). Each computation takes two more gradient evaluations, which under
-    ``model.compile`` run the whole compiled backward pass each."""
+    ``model.compile`` run the whole compiled backward pass each: every step, they more than double the GAN
+    stage's cost (docs/benchmarks.md); the weight, a ratio of gradient norms, drifts slowly between."""
     disc_start: int = 0
     """Optimizer step (0-based) from which the discriminator trains."""
     gen_start: int = 0
