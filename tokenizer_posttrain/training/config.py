@@ -90,6 +90,10 @@ class ModelConfig:
     """With model.compile: 'step' compiles network and losses as one graph; 'blocks' compiles each
     ResNet block, resampler, attention, stem and head, and the losses, on their own, so DDP can
     all-reduce gradients while the backward pass still runs (docs/benchmarks.md compares them)."""
+    compile_cache: str = "run"
+    """Where the compiled step is kept for later launches of the run (a resume, a requeue on another node):
+    'run' = <run folder>/compile_cache/, a folder path, or 'none' (off). Written by rank 0, loaded by every rank
+    only when signed with your key (the README's compile-cache section says why and what invalidates it)."""
     cuda_graphs: bool = False
     """Replay the compiled step as CUDA graphs (torch.compile's reduce-overhead mode), so the host
     launches a step's thousands of kernels in one call; needs model.compile=true and
@@ -123,6 +127,12 @@ class ModelConfig:
             value = getattr(self, key)
             _require(isinstance(value, bool), f"model.{key}", value, "use true or false")
         _require(self.compile_scope in _COMPILE_SCOPES, "model.compile_scope", self.compile_scope, "use step or blocks")
+        _require(
+            isinstance(self.compile_cache, str) and self.compile_cache.strip() != "",
+            "model.compile_cache",
+            self.compile_cache,
+            "use run, none or a folder path",
+        )
 
 
 @dataclass

@@ -7,6 +7,7 @@ import json
 import os
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -198,9 +199,11 @@ class RunSummary(pl.Callback):
         losses: list[tuple[int, float]],
         ckpt_dir: Path,
         export_dir: Path | None,
+        notes: Sequence[str] = (),
     ) -> None:
-        """Print the summary (and write the loss curve of ``(step, loss)`` ``losses``) of a finished run."""
-        lines = [f"Run finished: {steps} steps in {seconds / 60:.1f} min"]
+        """Print the summary (and write the loss curve of ``(step, loss)`` ``losses``) of a finished run;
+        ``notes`` are more lines (e.g. the compile time)."""
+        lines = [f"Run finished: {steps} steps in {seconds / 60:.1f} min", *notes]
         if len(losses) >= 2:
             n = min(5, len(losses) // 2)
             first, last = (sum(v for _, v in part) / n for part in (losses[:n], losses[-n:]))

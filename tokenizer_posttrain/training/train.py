@@ -26,6 +26,7 @@ from .checkpointing import (
     RngState,
     checkpoint_callback,
 )
+from .compile_cache import compile_cache_callback
 from .config import DataConfig, LogConfig, LossConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
 from .module import TokenizerModel
 from .monitoring import (
@@ -293,6 +294,7 @@ def train(
         if rank_zero_only.rank == 0:
             remove_partial_saves(ckpt_dir)
         problems = _Problems()
+        compile_cache = None
         with warnings.catch_warnings(record=True) as held:
             warnings.simplefilter("always")
             ckpt_path = problems.check(lambda: find_resume_checkpoint(ckpt_dir, resume))
@@ -314,6 +316,11 @@ def train(
                 # Built before the verdict: it loads the checkpoint (its fit).
                 module = problems.check(
                     lambda: TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)
+                )
+                spatial = get_config(model.model).spatial_compression
+                shapes = [(data.frames, h, w) for h, w in clip_sizes(data, spatial)]
+                compile_cache = problems.check(
+                    lambda: compile_cache_callback(model, data, loss, str(trainer.precision), run_dir, shapes)
                 )
         if finished:
             if not resume.resume_past_end:
@@ -354,6 +361,8 @@ def train(
             HostStopAgreement(),
             *extra_callbacks,
         ]
+        if compile_cache is not None:
+            callbacks.append(compile_cache)
         if model.ema_decay is not None:
             # Lightning's EMA: validation, the final weights (hence the export) and checkpoints use the average.
             callbacks.append(EMAWeightAveraging(decay=model.ema_decay, use_buffers=False))
@@ -402,7 +411,14 @@ def train(
                     from ..evaluation.latent_stats import carry_base_stats
 
                     carry_base_stats(model.trainable, model.jit_ckpt_pth, export_dir)
+            notes = [compile_cache.summary()] if compile_cache is not None else []
             summary.report(
-                run_dir, lightning_trainer.global_step, time.time() - started, module.loss_history, ckpt_dir, export_dir
+                run_dir,
+                lightning_trainer.global_step,
+                time.time() - started,
+                module.loss_history,
+                ckpt_dir,
+                export_dir,
+                [note for note in notes if note],
             )
         return run_dir
