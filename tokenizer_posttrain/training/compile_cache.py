@@ -3,16 +3,22 @@
 A resumed or requeued run (another node, a fresh ``/tmp``) would otherwise compile its step again before its first
 step. PyTorch's portable cache artifacts (``torch.compiler.save_cache_artifacts`` / ``load_cache_artifacts``:
 Inductor's compiled graphs, AOTAutograd's, the Triton kernels) go into ``<run>/compile_cache/``, written by rank 0
-after the first step and after the first validation, loaded by every rank before the fit.
+after the first step, after the first step of each later clip shape, after the first validation and at the end,
+and loaded by every rank before the fit. Each save that holds something new becomes a part of its own
+(``<name>-<i>.bin``): torch records only what the current process compiled or used, so rewriting one file would
+drop what an earlier launch compiled and this one did not meet.
 
-Those artifacts are compiled code and pickled graphs: loading them runs what they hold. So a cache file is loaded
-only with this user's signature on it, an HMAC-SHA256 under a key that lives in the user's home and only the user
-can read (:func:`signing_key`), checked before a byte of the file reaches torch. A run folder on shared storage
-that someone else can write to can then cost a compile, never run their code.
+Those artifacts are compiled code and pickled graphs: loading them runs what they hold. So a part is loaded only
+with this user's signature on it, an HMAC-SHA256 of its name and bytes under a key that lives in the user's home
+and only the user can read (:func:`signing_key`), checked before a byte of it reaches torch; parts are read only
+as regular files (no links, FIFOs or devices), and written through fresh temporary files renamed into place, so
+that links planted in the folder are replaced, never written through. A run folder on shared storage that someone
+else can write to can then cost a compile, never run their code or overwrite the user's files.
 
-A file's name is the hash of everything a compiled graph depends on (:func:`cache_environment`): a different torch,
-CUDA, Triton, Python, GPU model, code version, model, loss, precision, clip shape or batch size finds no file and
-compiles afresh. Deleting the folder changes nothing but time.
+A cache's name is the hash of everything a compiled graph depends on (:func:`cache_environment`): a different
+torch, CUDA, Triton, Python, GPU model, code version, model, loss, precision, clip shape or batch size finds no
+cache and compiles afresh. Deleting the folder changes nothing but time; so does anything failing in it (a
+warning says what).
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import hmac
 import json
 import os
 import platform
+import re
 import secrets
 import stat
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import asdict
@@ -34,6 +42,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from ..data.batch import VIDEO
 from .config import DataConfig, LossConfig, ModelConfig
 
 FOLDER = "compile_cache"
@@ -106,100 +115,183 @@ def cache_name(environment: dict[str, Any]) -> str:
 def signing_key(path: Path | None = None) -> bytes:
     """This user's key for signing compile caches: ``path``, else the file :data:`KEY_FILE_ENV` names, else
     ``~/.cache/tokenizer-posttrain/signing.key``; made (32 random bytes, readable by the user alone) if absent.
-    A key file that others can read or write is refused (``PermissionError``): with it they could sign caches."""
+    A key that is not the user's own, that others can read or write, or whose folder others can write to is
+    refused (``PermissionError``): with it they could sign caches."""
     path = path or Path(os.environ.get(KEY_FILE_ENV) or Path.home() / ".cache" / "tokenizer-posttrain" / "signing.key")
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Written whole under a temporary name (mkstemp: mode 0600), then linked into place: ranks starting
+        # together either make the key or find it complete, never half written.
+        fd, partial = tempfile.mkstemp(dir=path.parent, prefix=".signing-", suffix=".partial")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another rank made it first
-            pass
-        else:
             with os.fdopen(fd, "wb") as f:
                 f.write(secrets.token_bytes(32))
-    info = path.stat()
-    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO) or info.st_uid != os.getuid():
+            try:
+                os.link(partial, path)
+            except FileExistsError:  # another rank made it first
+                pass
+            except OSError:  # a file system without hard links
+                if not path.exists():
+                    os.replace(partial, path)
+        finally:
+            if os.path.lexists(partial):
+                os.unlink(partial)
+    folder = path.parent.stat()
+    if folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise PermissionError(
-            f"compile cache signing key {path} must belong to you and be readable by you alone (chmod 600 {path}); "
-            f"or set model.compile_cache=none"
+            f"compile cache signing key {path}: its folder {path.parent} can be written by others, who could replace "
+            f"the key; use a private folder ({KEY_FILE_ENV}=...), or set model.compile_cache=none"
         )
-    key = path.read_bytes()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as err:
+        raise PermissionError(f"compile cache signing key {path} cannot be read ({err.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO) or info.st_uid != os.getuid():
+            raise PermissionError(
+                f"compile cache signing key {path} must be a file of yours that only you can read and write "
+                f"(chmod 600 {path}); or set model.compile_cache=none"
+            )
+        key = f.read()
     if len(key) < 16:
         raise PermissionError(f"compile cache signing key {path} is shorter than 16 bytes: delete it to make a new one")
     return key
 
 
-def _signature(key: bytes, blob: bytes) -> str:
-    return hmac.new(key, blob, hashlib.sha256).hexdigest()
+MAX_PART_BYTES = 16 * 2**30
+"""Larger cache files are not read (a planted file must not exhaust memory before its signature is checked)."""
+
+
+def _signature(key: bytes, file_name: str, blob: bytes) -> str:
+    # The file's name (which hashes its environment) is signed too: a blob signed for another environment or
+    # another part cannot be passed off as this one.
+    return hmac.new(key, file_name.encode() + b"\0" + blob, hashlib.sha256).hexdigest()
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file (not a link, FIFO or device) of at most
+    :data:`MAX_PART_BYTES`; else ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if info.st_size > MAX_PART_BYTES:
+            raise OSError(f"{path} is larger than {MAX_PART_BYTES} bytes")
+        return f.read()
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` through a fresh temporary file renamed over it: a link planted at ``path`` (or at any
+    fixed temporary name) is replaced, never written through."""
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(partial, path)
+    finally:
+        if os.path.lexists(partial):
+            os.unlink(partial)
+
+
+def _artifact_names(info: Any) -> set[str]:
+    artifacts = getattr(info, "artifacts", None) or {}
+    return {str(name) for entries in artifacts.values() for name in entries}
 
 
 class CompileCache:
-    """One run's cache file (``<folder>/<name>.bin``) and its record (``<name>.json``: signature, environment,
-    the first step's compile time)."""
+    """One run's cache: parts ``<folder>/<name>-<i>.bin``, each what a launch compiled that earlier parts lacked,
+    and the record ``<name>.json`` (each part's signature, the environment, the first step's compile time)."""
 
     def __init__(self, folder: Path, environment: dict[str, Any], key: bytes) -> None:
         self.folder = folder
         self.environment = environment
         self._key = key
-        name = cache_name(environment)
-        self.blob_path = folder / f"{name}.bin"
-        self.record_path = folder / f"{name}.json"
-        self._saved: set[str] = set()
+        self.name = cache_name(environment)
+        self.record_path = folder / f"{self.name}.json"
+        self._part_name = re.compile(rf"{self.name}-(\d+)\.bin")
+        # Artifacts that files already hold: those torch loaded from them, and those saved by this process.
+        self._known: set[str] = set()
 
     def record(self) -> dict[str, Any]:
-        """The cache's record (plain JSON, safe to read), or {} when there is none or it does not parse."""
+        """The record (plain JSON, safe to read), reduced to well-formed entries: ``parts`` (each a dict with a
+        part ``file`` name of this cache and a ``signature``) and ``compile_seconds`` (a number or None)."""
         try:
-            record = json.loads(self.record_path.read_text())
+            raw = json.loads(self.record_path.read_text())
         except (OSError, ValueError):
-            return {}
-        return record if isinstance(record, dict) else {}
+            raw = {}
+        raw = raw if isinstance(raw, dict) else {}
+        parts = [
+            {"file": part["file"], "signature": part["signature"]}
+            for part in raw.get("parts", [])
+            if isinstance(part, dict)
+            and isinstance(part.get("file"), str)
+            and self._part_name.fullmatch(part["file"])
+            and isinstance(part.get("signature"), str)
+        ]
+        seconds = raw.get("compile_seconds")
+        number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+        return {"parts": parts, "compile_seconds": float(seconds) if number else None}
 
-    def load(self) -> bool:
-        """Load the cache into this process's compile caches if present and signed with this user's key; a
-        file without a valid signature is left unread (a warning says so). Whether anything was loaded."""
-        if not self.blob_path.exists():
-            return False
-        signature = self.record().get("signature")
-        blob = self.blob_path.read_bytes()
-        if not isinstance(signature, str) or not hmac.compare_digest(signature, _signature(self._key, blob)):
-            warnings.warn(
-                f"not loading the compile cache {self.blob_path}: it does not carry your signature (written by "
-                "someone else, or altered), and loading it would run the code it holds; compiling afresh "
-                f"(delete {self.folder} to silence this)",
-                stacklevel=2,
-            )
-            return False
-        torch.compiler.load_cache_artifacts(blob)
-        self._saved = set(self.record().get("artifacts", []))
-        return True
+    def load(self, report: bool = True) -> bool:
+        """Load every part signed with this user's key into this process's compile caches; a part without a
+        valid signature is not handed to torch, and one that cannot be read or loaded is skipped (``report``:
+        with a warning). Whether anything was loaded."""
+        loaded = False
+        for part in self.record()["parts"]:
+            path = self.folder / part["file"]
+            try:
+                blob = _read_regular_file(path)
+                if not hmac.compare_digest(part["signature"], _signature(self._key, part["file"], blob)):
+                    self._warn(
+                        report,
+                        f"not loading the compile cache {path}: it does not carry your signature (written by someone "
+                        "else, or altered), and loading it would run the code it holds",
+                    )
+                    continue
+                info = torch.compiler.load_cache_artifacts(blob)
+            except Exception as err:  # noqa: BLE001 - an optimisation: whatever fails, the step compiles
+                self._warn(report, f"could not load the compile cache {path} ({err})")
+                continue
+            if info is None:
+                self._warn(report, f"torch {torch.__version__} could not load the compile cache {path}")
+                continue
+            self._known |= _artifact_names(info)
+            loaded = True
+        return loaded
+
+    def _warn(self, report: bool, message: str) -> None:
+        if report:
+            warnings.warn(f"{message}; compiling afresh (delete {self.folder} to silence this)", stacklevel=3)
 
     def save(self, compile_seconds: float | None = None) -> bool:
-        """Write what this process compiled so far, signed, if it holds artifacts not saved yet (rank 0 only);
-        ``compile_seconds`` (the first step's time) joins the record. Whether a file was written."""
+        """Write what this process compiled that no part holds yet, as a new signed part (rank 0 only);
+        ``compile_seconds`` (the first step's time) joins the record. Whether a part was written."""
         artifacts = torch.compiler.save_cache_artifacts()
         if artifacts is None:
             return False
         blob, info = artifacts
-        names = sorted({name for entries in info.artifacts.values() for name in entries})
-        if set(names) <= self._saved:
+        names = _artifact_names(info)
+        if names <= self._known:
             return False
         self.folder.mkdir(parents=True, exist_ok=True)
         record = self.record()
-        record.update(
-            signature=_signature(self._key, blob),
-            artifacts=names,
-            environment=self.environment,
-            written=time.strftime("%Y-%m-%d %H:%M:%S"),
-        )
-        if compile_seconds is not None:
-            record["compile_seconds"] = round(compile_seconds, 1)
-        # Blob first, then the record that signs it, each by an atomic rename: a reader sees a matching pair, or
-        # a signature that does not match (ignored, as above).
-        for path, data in ((self.blob_path, blob), (self.record_path, json.dumps(record, indent=1).encode())):
-            partial = path.with_name(path.name + ".partial")
-            partial.write_bytes(data)
-            os.replace(partial, path)
-        self._saved = set(names)
+        parts = record["parts"]
+        taken = {int(match.group(1)) for part in parts if (match := self._part_name.fullmatch(part["file"]))}
+        file_name = f"{self.name}-{max(taken, default=-1) + 1}.bin"
+        # The part first, then the record that signs it: a reader meets a signed part or none.
+        _write_atomically(self.folder / file_name, blob)
+        parts.append({"file": file_name, "signature": _signature(self._key, file_name, blob)})
+        seconds = compile_seconds if compile_seconds is not None else record["compile_seconds"]
+        new_record = {
+            "parts": parts,
+            "compile_seconds": None if seconds is None else round(seconds, 1),
+            "environment": self.environment,
+            "written": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+        _write_atomically(self.record_path, json.dumps(new_record, indent=1).encode())
+        self._known |= names
         return True
 
 
@@ -207,9 +299,19 @@ def _shape_text(shapes: list[tuple[int, int, int]]) -> str:
     return ", ".join(f"{t}x{h}x{w}" for t, h, w in shapes)
 
 
+def _clip_shape(batch: Any) -> tuple[int, int, int] | None:
+    """(frames, height, width) of a training batch's videos ``[B, C, T, H, W]``; None for other batches."""
+    video = batch.get(VIDEO) if isinstance(batch, dict) else None
+    if isinstance(video, torch.Tensor) and video.dim() == 5:
+        t, h, w = video.shape[2:]
+        return int(t), int(h), int(w)
+    return None
+
+
 class CompileCacheCallback(pl.Callback):
     """Loads the run's compile cache before the fit (every rank), says before the first step what compiling
-    will cost, times the first step, and saves the cache after it and after the first validation (rank 0)."""
+    will cost (and before the first clip of each later shape), times the first step, and saves the cache after
+    it, after each new shape's first step, after the first validation and at the end (rank 0)."""
 
     def __init__(self, cache: CompileCache, shapes: list[tuple[int, int, int]]) -> None:
         self.cache = cache
@@ -218,15 +320,17 @@ class CompileCacheCallback(pl.Callback):
         self.first_step_seconds: float | None = None
         self._started: float | None = None
         self._validated = False
+        self._seen: set[tuple[int, int, int]] = set()
+        self._new_shape = False
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.loaded = self.cache.load()
+        self.loaded = self.cache.load(report=trainer.is_global_zero)
         if not trainer.is_global_zero:
             return
-        last = self.cache.record().get("compile_seconds")
-        before = f" ({last:.0f} s when it last compiled)" if isinstance(last, (int, float)) else ""
+        last = self.cache.record()["compile_seconds"]
+        before = f" ({last:.0f} s when it last compiled)" if last is not None else ""
         if self.loaded:
-            print(f"compile cache: loaded {self.cache.blob_path}: the first step should start in seconds{before}")
+            print(f"compile cache: loaded {self.cache.folder}: the first step should start in seconds{before}")
         else:
             print(
                 f"compiling the training step for {_shape_text(self.shapes)}: minutes the first time{before}; later "
@@ -234,7 +338,17 @@ class CompileCacheCallback(pl.Callback):
                 flush=True,
             )
 
-    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *args: Any) -> None:
+        shape = _clip_shape(batch)
+        self._new_shape = shape is not None and shape not in self._seen
+        if shape is not None and self._new_shape:
+            self._seen.add(shape)
+            if self._started is not None and trainer.is_global_zero:  # met after the first step: an aspect bucket
+                print(
+                    f"first {_shape_text([shape])} clip: compiling the training step for it (seconds if the compile "
+                    "cache holds it)",
+                    flush=True,
+                )
         if self._started is None:
             self._started = time.perf_counter()
 
@@ -242,6 +356,9 @@ class CompileCacheCallback(pl.Callback):
         if self.first_step_seconds is None and self._started is not None:
             self.first_step_seconds = time.perf_counter() - self._started
             self._save(trainer, None if self.loaded else self.first_step_seconds)
+        elif self._new_shape:  # saved now, not at the end: a run stopped early keeps it too
+            self._save(trainer)
+        self._new_shape = False
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._validated and not trainer.sanity_checking:
@@ -257,9 +374,9 @@ class CompileCacheCallback(pl.Callback):
             return
         try:
             self.cache.save(compile_seconds)
-        except OSError as err:  # an optimisation: training goes on without it
+        except Exception as err:  # noqa: BLE001 - an optimisation: whatever fails, training goes on without it
             warnings.warn(
-                f"model.compile_cache: could not write {self.cache.blob_path} ({err}); training on", stacklevel=2
+                f"model.compile_cache: could not write to {self.cache.folder} ({err}); training on", stacklevel=2
             )
 
     def summary(self) -> str | None:
