@@ -327,3 +327,16 @@ def test_each_later_clip_shape_is_announced_once(tmp_path: Path, capsys: pytest.
     assert out.count("first 9x16x24 clip: compiling the training step") == 1
     assert "9x16x16 clip" not in out  # the first shape was announced at launch
     assert callback.first_step_seconds is not None
+
+
+def test_a_compiled_run_gets_its_callback_with_the_run_folder_and_shapes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(cc.KEY_FILE_ENV, str(tmp_path / "home" / "key"))
+    model = ModelConfig(model="CV8x8x8", compile=True)
+    shapes = [(17, 256, 256), (17, 256, 384)]
+    callback = cc.compile_cache_callback(model, DataConfig(frames=17), LossConfig(), "bf16-mixed", tmp_path, shapes)
+    assert callback is not None and callback.cache.folder == tmp_path / cc.FOLDER
+    assert callback.cache.environment["shapes"] == [[17, 256, 256], [17, 256, 384]]
+    assert (tmp_path / "home" / "key").stat().st_size == 32  # the key is made at launch, not at the first save
+    assert not (tmp_path / cc.FOLDER).exists()  # nothing written before there is something compiled
