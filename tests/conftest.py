@@ -7,6 +7,7 @@ import copy
 import csv
 import io
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -268,13 +269,30 @@ def run_script(
     )
 
 
-def run_torchrun(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``torchrun --nproc-per-node 2 train_tokenizer.py --yes ARGS...`` on the CPU, in fresh processes."""
-    return run_script(
+def free_port() -> int:
+    """A TCP port free at this moment: torchrun's default one would clash between tests run side by side."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def torchrun_command(processes: int = 2) -> list[str]:
+    """``python -m torch.distributed.run`` for ``processes`` processes on this machine, on a port of its own."""
+    return [
+        sys.executable,
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
-        "2",
+        str(processes),
+        "--master-port",
+        str(free_port()),
+    ]
+
+
+def run_torchrun(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node 2 train_tokenizer.py --yes ARGS...`` on the CPU, in fresh processes."""
+    return run_script(
+        *torchrun_command()[1:],
         str(ROOT / "train_tokenizer.py"),
         "--yes",
         *args,

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, torchrun_command
 from tests.training.test_checkpointing import ARGS, wait_for
 
 
@@ -38,7 +37,7 @@ def worker_pid(agent: int, rank: int, timeout: float = 60) -> int:
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step_and_checkpoints(tmp_path: Path) -> None:
     # Lightning's own agreement reads only rank 0's flag, and the signalled rank stops alone after
     # its batch: here rank 1 alone is signalled, and both must stop, checkpoint and exit 0.
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    torchrun = torchrun_command()
     proc = subprocess.Popen(
         [*torchrun, str(ROOT / "train_tokenizer.py"), "--yes", *ARGS, f"log.log_dir={tmp_path}"]
         + [
