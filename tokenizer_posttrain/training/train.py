@@ -121,6 +121,13 @@ def clip_sizes(data: DataConfig, multiple_of: int) -> list[tuple[int, int]]:
     return [spec.bucket_size(name) for name in ASPECT_BUCKETS]
 
 
+def clip_shapes(model: ModelConfig, data: DataConfig) -> list[tuple[int, int, int]]:
+    """Every (frames, height, width) the run's training clips take (:func:`clip_sizes` at the model's
+    spatial compression)."""
+    spatial = get_config(model.model).spatial_compression
+    return [(data.frames, height, width) for height, width in clip_sizes(data, spatial)]
+
+
 def check_loss_clips(model: ModelConfig, data: DataConfig, loss: LossConfig) -> None:
     """Fail before launch when a term that is ever on cannot work on the clips: loss.consistency's windows,
     loss.flow's frame sizes for RAFT."""
@@ -317,10 +324,10 @@ def train(
                 module = problems.check(
                     lambda: TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)
                 )
-                spatial = get_config(model.model).spatial_compression
-                shapes = [(data.frames, h, w) for h, w in clip_sizes(data, spatial)]
                 compile_cache = problems.check(
-                    lambda: compile_cache_callback(model, data, loss, str(trainer.precision), run_dir, shapes)
+                    lambda: compile_cache_callback(
+                        model, data, loss, str(trainer.precision), run_dir, clip_shapes(model, data)
+                    )
                 )
         if finished:
             if not resume.resume_past_end:
@@ -411,7 +418,7 @@ def train(
                     from ..evaluation.latent_stats import carry_base_stats
 
                     carry_base_stats(model.trainable, model.jit_ckpt_pth, export_dir)
-            notes = [compile_cache.summary()] if compile_cache is not None else []
+            compile_note = compile_cache.summary() if compile_cache is not None else None
             summary.report(
                 run_dir,
                 lightning_trainer.global_step,
@@ -419,6 +426,6 @@ def train(
                 module.loss_history,
                 ckpt_dir,
                 export_dir,
-                [note for note in notes if note],
+                [compile_note] if compile_note else [],
             )
         return run_dir
