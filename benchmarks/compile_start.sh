@@ -6,9 +6,10 @@
 #
 #   benchmarks/compile_start.sh [ddp_scaling.py arguments...]
 #   e.g. benchmarks/compile_start.sh --micro-batch 8 --frames 33 --size 256
-#        benchmarks/compile_start.sh --micro-batch 1 --frames 33 --size 720 model.activation_checkpointing=true
+#        benchmarks/compile_start.sh --micro-batch 1 --frames 33 --size 720 --width 1280 \
+#          model.activation_checkpointing=true
 #
-# (ddp_scaling.py's --size makes square clips.) The three runs share one explicit model.compile_cache folder, so
+# The three runs share one explicit model.compile_cache folder, so
 # each is a new run folder (nothing resumes) while the cache carries over as it does for one run relaunched.
 set -uo pipefail
 cd "$(dirname "$0")/.."

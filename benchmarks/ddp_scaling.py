@@ -165,7 +165,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="CV8x8x8")
     parser.add_argument("--frames", type=int, default=33)
-    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--size", type=int, default=256, help="clip height (and width, unless --width)")
+    parser.add_argument("--width", type=int, default=None, help="clip width (default: --size)")
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the median")
@@ -218,7 +219,7 @@ def main() -> None:
         "data": cfg.DataConfig(
             frames=args.frames,
             height=args.size,
-            width=args.size,
+            width=args.width or args.size,
             micro_batch_size=args.micro_batch,
             global_batch_size=args.micro_batch * world * args.accumulate,
             num_workers=args.workers,
