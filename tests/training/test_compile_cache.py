@@ -341,3 +341,31 @@ def test_a_compiled_run_gets_its_callback_with_the_run_folder_and_shapes(
     assert callback.cache.environment["shapes"] == [[17, 256, 256], [17, 256, 384]]
     assert (tmp_path / "home" / "key").stat().st_size == 32  # the key is made at launch, not at the first save
     assert not (tmp_path / cc.FOLDER).exists()  # nothing written before there is something compiled
+
+
+def test_train_announces_and_reports_the_cache_of_a_compiled_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    # train() itself, with the step captured by Dynamo on the CPU (backend "eager": no Inductor code to generate,
+    # so nothing to save either): the launch line and the summary line come from the run's own callback.
+    import torch
+
+    from tests.training.conftest import tiny_run
+    from tokenizer_posttrain.training import acceleration
+    from tokenizer_posttrain.training import train as train_module
+
+    plain = acceleration.compile_module_call
+    monkeypatch.setattr(acceleration, "compile_module_call", lambda fn, mode=None: plain(fn, backend="eager"))
+    monkeypatch.setattr(train_module, "resolve_compile", lambda model, accelerator: model)  # the CPU keeps compile
+    monkeypatch.setenv(cc.KEY_FILE_ENV, str(tmp_path / "home" / "key"))
+    torch._dynamo.reset()
+    # train() sets Dynamo's global optimize_ddp for compiled runs: restored for the tests that follow.
+    with torch._dynamo.config.patch(optimize_ddp=torch._dynamo.config.optimize_ddp):
+        try:
+            run_dir = train_module.train(**tiny_run(tmp_path, steps=2, model={"compile": True}))
+        finally:
+            torch._dynamo.reset()
+    out = capsys.readouterr().out
+    assert "compiling the training step for 9x32x32: minutes the first time;" in out
+    assert f"later launches of this run load it from {run_dir / cc.FOLDER}" in out
+    assert "first step: " in out and f"(compiling; cache: {run_dir / cc.FOLDER})" in out
