@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,3 +34,17 @@ def atomic_path(path: str | os.PathLike, keep_suffix: bool = False, fsync: bool 
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` through a fresh, unpredictably named temporary file renamed over it, for folders
+    others may write to: a link planted at ``path`` (or at a fixed temporary name, as :func:`atomic_path` uses) is
+    replaced, never written through."""
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(partial, path)
+    finally:
+        if os.path.lexists(partial):
+            os.unlink(partial)

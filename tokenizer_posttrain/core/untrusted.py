@@ -7,7 +7,9 @@ in the package unpickles (``tests/test_security.py`` checks this).
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import warnings
 from pathlib import Path
 from pickle import UnpicklingError
@@ -59,3 +61,16 @@ def skip_pickled_state(what: str, skip: bool) -> None:
             "numbers and the data stream start afresh), or start a new run with another log.name"
         )
     warnings.warn(f"{what} of the checkpoint are pickled bytes of an earlier release: not restored", stacklevel=3)
+
+
+def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
+    """The bytes of ``path`` if it is a regular file (not a link, FIFO or device: a file planted in a shared folder
+    can neither redirect the read nor block it) of at most ``max_bytes``; else ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if info.st_size > max_bytes:
+            raise OSError(f"{path} is larger than {max_bytes} bytes")
+        return f.read()

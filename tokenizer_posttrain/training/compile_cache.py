@@ -42,6 +42,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from ..core.files import write_bytes_atomically
+from ..core.untrusted import read_regular_file
 from ..data.batch import VIDEO
 from .config import DataConfig, LossConfig, ModelConfig
 
@@ -169,32 +171,6 @@ def _signature(key: bytes, file_name: str, blob: bytes) -> str:
     return hmac.new(key, file_name.encode() + b"\0" + blob, hashlib.sha256).hexdigest()
 
 
-def _read_regular_file(path: Path) -> bytes:
-    """The bytes of ``path`` if it is a regular file (not a link, FIFO or device) of at most
-    :data:`MAX_PART_BYTES`; else ``OSError``."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path} is not a regular file")
-        if info.st_size > MAX_PART_BYTES:
-            raise OSError(f"{path} is larger than {MAX_PART_BYTES} bytes")
-        return f.read()
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """``data`` into ``path`` through a fresh temporary file renamed over it: a link planted at ``path`` (or at any
-    fixed temporary name) is replaced, never written through."""
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(partial, path)
-    finally:
-        if os.path.lexists(partial):
-            os.unlink(partial)
-
-
 def _artifact_names(info: Any) -> set[str]:
     artifacts = getattr(info, "artifacts", None) or {}
     return {str(name) for entries in artifacts.values() for name in entries}
@@ -242,7 +218,7 @@ class CompileCache:
         for part in self.record()["parts"]:
             path = self.folder / part["file"]
             try:
-                blob = _read_regular_file(path)
+                blob = read_regular_file(path, MAX_PART_BYTES)
                 if not hmac.compare_digest(part["signature"], _signature(self._key, part["file"], blob)):
                     self._warn(
                         report,
@@ -281,7 +257,7 @@ class CompileCache:
         taken = {int(match.group(1)) for part in parts if (match := self._part_name.fullmatch(part["file"]))}
         file_name = f"{self.name}-{max(taken, default=-1) + 1}.bin"
         # The part first, then the record that signs it: a reader meets a signed part or none.
-        _write_atomically(self.folder / file_name, blob)
+        write_bytes_atomically(self.folder / file_name, blob)
         parts.append({"file": file_name, "signature": _signature(self._key, file_name, blob)})
         seconds = compile_seconds if compile_seconds is not None else record["compile_seconds"]
         new_record = {
@@ -290,7 +266,7 @@ class CompileCache:
             "environment": self.environment,
             "written": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
-        _write_atomically(self.record_path, json.dumps(new_record, indent=1).encode())
+        write_bytes_atomically(self.record_path, json.dumps(new_record, indent=1).encode())
         self._known |= names
         return True
 
