@@ -59,8 +59,12 @@ if ((prewarm > 0)); then
 fi
 for name in "$@"; do
   start=$(date +%s)
-  run "$name" 40 20 29500 "$runs/timed" >"$runs/$name.log" 2>&1
-  { echo "=== $name"; tail -n 40 "$runs/$name.log"; } >>"$out/loss_terms.log"
+  # A fresh run folder each time: a run cut short (a timeout) must not leave its checkpoints or lock to the next.
+  folder=$(mktemp -d "$runs/timed_${name}_XXXX")
+  run "$name" 40 20 29500 "$folder" >"$runs/$name.log" 2>&1
+  # The rank's own error lines (above torchrun's traceback, which the tail alone would show), then the end.
+  { echo "=== $name"; grep -E '^[A-Za-z_.]*(Error|Exception|Busy)\b|^(RuntimeError|ValueError)' "$runs/$name.log" | head -n 5
+    tail -n 40 "$runs/$name.log"; } >>"$out/loss_terms.log"
   line=$(grep -E '^\{"run"' "$runs/$name.log" | tail -1)
   echo "{\"name\": \"$name\", \"wall_s\": $(($(date +%s) - start)), \"result\": ${line:-null}}" | tee -a "$out/loss_terms.jsonl"
 done

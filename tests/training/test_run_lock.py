@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tokenizer_posttrain.training.run_lock import LOCK_NAME, RunFolderBusy, RunLock
+from tokenizer_posttrain.training.run_lock import LOCK_NAME, RunFolderBusy, RunLock, boot_id, process_start
+
+ON_LINUX = sys.platform.startswith("linux")
 
 
 def plant_lock(run_dir: Path, **holder: object) -> Path:
@@ -72,3 +74,51 @@ def test_release_leaves_a_lock_taken_over_by_another_launch(tmp_path: Path) -> N
     plant_lock(tmp_path / "run", pid=os.getpid() + 1, host="another")
     lock.release()
     assert (tmp_path / "run" / LOCK_NAME).exists()
+
+
+@pytest.mark.skipif(not ON_LINUX, reason="process start times come from Linux's /proc")
+def test_a_pid_reused_by_a_restarted_container_is_stale(tmp_path: Path) -> None:
+    # A container restarted with the same host name starts PIDs from 1 again: the killed run's PID is now a
+    # live process, here this very launch. Its recorded start time tells the two apart.
+    mine = process_start(os.getpid())
+    assert mine is not None
+    plant_lock(tmp_path / "run", pid=os.getpid(), process_start=mine - 1, boot_id=boot_id())
+    with pytest.warns(UserWarning, match=f"PID {os.getpid()} on .* now belongs to another process"):
+        with RunLock(tmp_path / "run"):
+            held = json.loads((tmp_path / "run" / LOCK_NAME).read_text())
+    assert held["pid"] == os.getpid() and held["process_start"] == mine and held["boot_id"] == boot_id()
+
+
+@pytest.mark.skipif(not ON_LINUX, reason="boot ids come from Linux's /proc")
+def test_a_lock_from_before_a_restart_of_the_host_is_stale(tmp_path: Path) -> None:
+    plant_lock(tmp_path / "run", pid=os.getpid(), process_start=process_start(os.getpid()), boot_id="an-older-boot")
+    with pytest.warns(UserWarning, match="has restarted since"), RunLock(tmp_path / "run"):
+        pass
+
+
+@pytest.mark.skipif(not ON_LINUX, reason="process start times come from Linux's /proc")
+def test_the_live_holder_with_its_own_start_time_still_refuses(tmp_path: Path) -> None:
+    with RunLock(tmp_path / "run"):
+        held = json.loads((tmp_path / "run" / LOCK_NAME).read_text())
+        assert held["process_start"] == process_start(os.getpid())
+        with pytest.raises(RunFolderBusy, match="in use by another run"):
+            RunLock(tmp_path / "run").acquire()
+
+
+@pytest.mark.skipif(not ON_LINUX, reason="process start times come from Linux's /proc")
+def test_process_start_orders_processes_and_knows_a_gone_one(tmp_path: Path) -> None:
+    # A command name with spaces and parentheses (the executable's file name), which /proc/<pid>/stat shows
+    # unquoted between parentheses.
+    odd = tmp_path / "a) b (c"
+    odd.symlink_to(sys.executable)
+    script = "import sys, time; sys.stdout.write('up'); sys.stdout.flush(); time.sleep(5)"
+    child = subprocess.Popen([str(odd), "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.read(2) == b"up"
+        assert "a) b (c" in Path(f"/proc/{child.pid}/stat").read_text()
+        theirs, mine = process_start(child.pid), process_start(os.getpid())
+        assert theirs is not None and mine is not None and theirs >= mine
+    finally:
+        child.kill()
+        child.wait()
+    assert process_start(dead_pid()) is None

@@ -3,7 +3,12 @@
 Two live runs in one folder overwrite each other's checkpoints, export and logs. The lock names its holder
 (host, PID, start time, SLURM job), so a second launch can say who holds the folder, and a lock left by a
 killed run is recognised as stale: its PID is gone on this host, or it belongs to an earlier attempt of the
-same SLURM job (a requeued job may restart on another node).
+same SLURM job (a requeued job may restart on another node), or its PID now belongs to another process.
+
+That last case is the restarted container: it keeps its host name (Kubernetes StatefulSets, ``--hostname``) while
+PIDs start again from 1, so a killed run's PID is soon some live process, often the new launch itself. The lock
+therefore records the process's start time as the kernel counts it (``/proc/<pid>/stat``) and the boot it
+belongs to, which tell a PID's holder from a later process with the same number.
 """
 
 from __future__ import annotations
@@ -26,12 +31,37 @@ class RunFolderBusy(UserError):
     """Another live launch holds the run folder."""
 
 
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux's ``/proc/<pid>/stat``), or None where
+    that cannot be read (no such process, no ``/proc``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: the fields after it follow the last ')'.
+    fields = stat.rpartition(")")[2].split()
+    try:
+        return int(fields[19])  # field 22, starttime
+    except (IndexError, ValueError):
+        return None
+
+
+def boot_id() -> str | None:
+    """This boot of the host (Linux), or None where unknown."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _holder() -> dict[str, Any]:
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
+        "process_start": process_start(os.getpid()),
+        "boot_id": boot_id(),
     }
 
 
@@ -61,8 +91,16 @@ def stale_reason(holder: dict[str, Any] | None) -> str | None:
     if holder.get("slurm_job") and holder.get("slurm_job") == me["slurm_job"]:
         return f"it was taken by an earlier attempt of SLURM job {me['slurm_job']}"
     pid = holder.get("pid")
-    if holder.get("host") == me["host"] and isinstance(pid, int) and not _alive(pid):
+    if holder.get("host") != me["host"] or not isinstance(pid, int):
+        return None
+    if not _alive(pid):
         return f"process {pid} on {me['host']} is gone"
+    held_boot, held_start = holder.get("boot_id"), holder.get("process_start")
+    if held_boot and me["boot_id"] and held_boot != me["boot_id"]:
+        return f"{me['host']} has restarted since process {pid} took it"
+    now = process_start(pid)
+    if isinstance(held_start, int) and now is not None and now != held_start:
+        return f"PID {pid} on {me['host']} now belongs to another process (a restarted container reuses PIDs)"
     return None
 
 
