@@ -44,11 +44,33 @@ from tokenizer_posttrain.data.task_encoder import ClipSpec  # noqa: E402
 FRAMES, CROP = 33, 256
 
 
-def build_dataset(root: Path, copies: int, extra_args: list[str]) -> Path:
+def long_gop_video(path: Path, repeats: int = 4, gop: int = 250) -> Path:
+    """The 720p sample ``repeats`` times in one file, re-encoded with a keyframe every ``gop`` frames and none at
+    scene cuts: footage as cameras write it (x264 CRF 18, preset veryfast)."""
+    import av
+
+    with av.open(str(bigbuckbunny())) as source:
+        frames = [frame.to_ndarray(format="yuv420p") for frame in source.decode(video=0)]
+        rate = source.streams.video[0].average_rate
+    height, width = frames[0].shape[0] * 2 // 3, frames[0].shape[1]
+    options = {"crf": "18", "preset": "veryfast", "g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"}
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=rate, options=options)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for _ in range(repeats):
+            for plane in frames:
+                for packet in stream.encode(av.VideoFrame.from_ndarray(plane, format="yuv420p")):
+                    out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path
+
+
+def build_dataset(root: Path, copies: int, extra_args: list[str], video: Path | None = None) -> Path:
     src = root / "src"
     src.mkdir(parents=True)
     for i in range(copies):
-        shutil.copy(bigbuckbunny(), src / f"bbb{i:03d}.mp4")
+        shutil.copy(video or bigbuckbunny(), src / f"bbb{i:03d}.mp4")
     out = root / "data"
     cmd = [sys.executable, "-m", "data_tools", "make-shards", str(src), str(out), "--val-fraction", "0", *extra_args]
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
@@ -122,31 +144,53 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=30, help="clips per timed window")
     parser.add_argument("--repeats", type=int, default=3, help="timed windows per setting (median reported)")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--data",
+        nargs="+",
+        choices=["shipped", "transcoded", "long-gop"],
+        default=["shipped", "transcoded"],
+        help="long-gop: the sample 4 times in one 528-frame file with a keyframe every 250 frames",
+    )
+    parser.add_argument(
+        "--starts", nargs="+", choices=["uniform", "keyframe"], default=["uniform"], help="data.start of the loader"
+    )
+    parser.add_argument("--no-decode-only", action="store_true", help="time the train loader only")
     args = parser.parse_args()
     torch.set_num_threads(1)  # one core's work per process, as in a loader worker
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        datasets = {
-            "720p as shipped (1 keyframe)": build_dataset(Path(tmp) / "orig", args.copies, []),
-            "720p after make-shards --transcode": build_dataset(Path(tmp) / "tc", args.copies, ["--transcode"]),
+        makers = {
+            "shipped": ("720p as shipped (1 keyframe)", lambda: build_dataset(Path(tmp) / "orig", args.copies, [])),
+            "transcoded": (
+                "720p after make-shards --transcode",
+                lambda: build_dataset(Path(tmp) / "tc", args.copies, ["--transcode"]),
+            ),
+            "long-gop": (
+                "720p x4 in one file, GOP 250",
+                lambda: build_dataset(Path(tmp) / "long", args.copies, [], long_gop_video(Path(tmp) / "long_gop.mp4")),
+            ),
         }
+        datasets = {makers[name][0]: makers[name][1]() for name in args.data}
         for data_name, path in datasets.items():
             data = _first_mp4(path)
-            for path_name, decode in {"energon get_video_clips": energon_clip, "ClipReader": reader_clip}.items():
+            decoders = {"energon get_video_clips": energon_clip, "ClipReader": reader_clip}
+            for path_name, decode in {} if args.no_decode_only else decoders.items():
                 rng = random.Random(0)
                 decode(data, rng)  # warm-up
                 wall, per_cpu = timed_windows(lambda d=decode, r=rng, b=data: d(b, r), args.clips, args.repeats)
                 results.append(row(data_name, f"decode only: {path_name}", "-", wall, per_cpu))
                 print(json.dumps(results[-1]), flush=True)
-            spec = ClipSpec(frames=FRAMES, height=CROP, width=CROP)
-            for workers in args.workers:
-                it = loader_clips(path, spec, workers)
-                for _ in range(max(4, 2 * workers)):  # warm up: workers started, first clips decoded
-                    next(it)
-                wall, per_cpu = timed_windows(lambda it=it: next(it), args.clips, args.repeats)
-                results.append(row(data_name, "train loader (energon + TaskEncoder)", workers, wall, per_cpu))
-                print(json.dumps(results[-1]), flush=True)
-                del it
+            for start in args.starts:
+                spec = ClipSpec(frames=FRAMES, height=CROP, width=CROP, start=start)
+                for workers in args.workers:
+                    it = loader_clips(path, spec, workers)
+                    for _ in range(max(4, 2 * workers)):  # warm up: workers started, first clips decoded
+                        next(it)
+                    wall, per_cpu = timed_windows(lambda it=it: next(it), args.clips, args.repeats)
+                    name = f"train loader (energon + TaskEncoder), data.start={start}"
+                    results.append(row(data_name, name, workers, wall, per_cpu))
+                    print(json.dumps(results[-1]), flush=True)
+                    del it
     print("\n| data | path | workers | clips/s (wall) | clips per CPU-second |")
     print("|---|---|---|---|---|")
     for r in results:

@@ -145,3 +145,15 @@ def test_a_truncated_file_gives_fewer_frames_and_broken_ones_raise(tmp_path: Pat
         ClipReader(io.BytesIO(encode_video(30, 64, 64)[:-2000]))
     with pytest.raises((av.FFmpegError, OSError)):
         ClipReader(io.BytesIO(b"not a video at all"))
+
+
+@pytest.mark.parametrize("container", ["mp4", "matroska"])
+def test_keyframes_are_the_frame_numbers_ffmpeg_marks_as_keyframes(container: str) -> None:
+    # mp4 numbers frames by its index, matroska (no index) by demuxed timestamps: both must agree with decoding.
+    data = encode_video(40, 32, 48, container=container, gop=8)
+    with av.open(io.BytesIO(data)) as decoded:
+        truth = [i for i, frame in enumerate(decoded.decode(video=0)) if frame.key_frame]
+    with ClipReader(io.BytesIO(data)) as reader:
+        assert reader.keyframes == truth
+        # At most 8 frames apart (x264 adds some at scene cuts): several, not just the first frame.
+        assert reader.frames == 40 and reader.keyframes[0] == 0 and len(reader.keyframes) >= 5

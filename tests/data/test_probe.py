@@ -46,8 +46,9 @@ def test_probe_values(codec: str, container: str, name: str, fps: int, height: i
     promised = 0 if container in ("matroska", "webm") else 17  # mkv and webm state no frame count
     assert info == VideoInfo(
         frames=17, fps=pytest.approx(fps), width=width, height=height, duration=pytest.approx(17 / fps, abs=0.05),
-        codec=name, variable_fps=False, promised=promised,
+        codec=name, variable_fps=False, promised=promised, keyframes=info.keyframes,
     )  # fmt: skip
+    assert info.keyframes >= 1
     assert probe_video(data, deep=True) == info
 
 
@@ -116,9 +117,11 @@ def test_probe_finds_a_faststart_mp4_cut_short(fraction: float, tmp_path: Path) 
     problems = {p.code: p for p in clip_problems(info, frames=9, crop=64)}
     assert problems["partial_video"].severity == "error"
     assert f"{info.frames} of 72 frames readable" in problems["partial_video"].message
-    assert probe_video(data) == VideoInfo(
+    whole = probe_video(data)
+    assert whole.keyframes >= 1
+    assert whole == VideoInfo(
         frames=72, fps=24.0, width=96, height=64, duration=pytest.approx(3.0), codec="h264", variable_fps=False,
-        promised=72,
+        promised=72, keyframes=whole.keyframes,
     )  # fmt: skip
 
 
@@ -218,3 +221,21 @@ def test_clip_problems_several_at_once() -> None:
         "variable_fps": "warning",
         "odd_fps": "warning",
     }
+
+
+def test_probe_counts_keyframes() -> None:
+    assert probe_video(bigbuckbunny()).keyframes == 1  # the sample as shipped: one keyframe in 132 frames
+    assert probe_video(encode_video(40, 32, 48, gop=8)).keyframes >= 5
+
+
+def test_clip_problems_long_gop_warns_with_the_decoding_it_costs() -> None:
+    # 500 frames, 2 keyframes: GOP 250, a 33-frame clip decodes 33 + 124.5 frames against 33 + 7.5 transcoded.
+    problems = clip_problems(_info(frames=500, keyframes=2), 33, 256)
+    assert _codes(problems) == {"long_gop": "warning"}
+    message = problems[0].message
+    assert "every 250 frames" in message and "about 158 frames, 3.9x" in message
+    assert "make-shards --transcode" in message and "data.start=keyframe" in message
+    # A keyframe every 16 or 48 frames (shipped by many cameras at 1-2 s): less than 1.5x, no warning.
+    assert clip_problems(_info(frames=480, keyframes=30), 33, 256) == []
+    assert clip_problems(_info(frames=480, keyframes=10), 33, 256) == []
+    assert clip_problems(_info(frames=480, keyframes=0), 33, 256) == []  # not counted: nothing said

@@ -17,11 +17,15 @@ from tokenizer_posttrain.data.energon import EnergonVideoDataModule
 from tokenizer_posttrain.data.task_encoder import ClipSpec, nearest_bucket
 
 
-def position_video(frames: int, height: int, width: int) -> bytes:
-    """Frame t is grey level 4t in channel R; G ramps with x, B with y: a crop's origin is readable."""
+def position_video(frames: int, height: int, width: int, gop: int | None = None) -> bytes:
+    """Frame t is grey level 4t in channel R; G ramps with x, B with y: a crop's origin is readable.
+    ``gop``: a keyframe exactly every ``gop`` frames (none at scene cuts)."""
     buf = io.BytesIO()
+    options = {"crf": "0"}
+    if gop:
+        options.update({"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"})
     with av.open(buf, mode="w", format="mp4") as out:
-        stream = out.add_stream("libx264", rate=Fraction(10), options={"crf": "0"})
+        stream = out.add_stream("libx264", rate=Fraction(10), options=options)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv444p"
         y, x = np.mgrid[0:height, 0:width]
         for t in range(frames):
@@ -87,6 +91,18 @@ def test_crops_are_uniformly_random_and_cover_the_clip(position_dataset: Path) -
     clip = batches(position_dataset, spec, 1)[0][VIDEO][0]
     grey = ((clip[0, :, 0, 0].float() + 1) * 127.5 / 4).round().tolist()
     assert grey == [grey[0] + i for i in range(9)]
+
+
+def test_keyframe_starts_begin_at_or_just_after_a_keyframe(tmp_path: Path) -> None:
+    # Keyframes at 0, 8, 16, 24 of 25 frames; clips of 9 start at most at 16, so 24 is too late for one.
+    video = position_video(25, 48, 64, gop=8)
+    dataset = write_energon_dataset(tmp_path, {f"kf{i}": video for i in range(4)}, {"kfval": video})
+    spec = ClipSpec(frames=9, height=32, width=32, start="keyframe", keyframe_window=2)
+    clips = [b[VIDEO][0] for b in batches(dataset, spec, 60)]
+    starts = {_origin(clip)[0] for clip in clips}
+    assert starts <= {0, 1, 2, 8, 9, 10, 16} and {0, 8, 16} <= starts
+    grey = ((clips[0][0, :, 0, 0].float() + 1) * 127.5 / 4).round().tolist()
+    assert grey == [grey[0] + i for i in range(9)]  # still the consecutive frames from the start
 
 
 def test_same_seed_same_stream_other_seed_other_crops(position_dataset: Path) -> None:

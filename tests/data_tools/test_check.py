@@ -110,16 +110,23 @@ def test_check_missing_or_empty(tmp_path: Path, capsys: pytest.CaptureFixture) -
 
 
 def test_real_footage_packs_and_checks_clean(tmp_path: Path) -> None:
+    # As shipped, the sample's one keyframe in 132 frames draws the long-GOP warning; transcoded, nothing.
     src = tmp_path / "footage"
     src.mkdir()
     shutil.copy(bigbuckbunny(), src / "bigbuckbunny.mp4")
-    made = run_tool("make-shards", src, tmp_path / "dataset")
-    assert made.returncode == 0, made.stdout + made.stderr
-    report = tmp_path / "report.jsonl"
-    checked = run_tool("check", tmp_path / "dataset", "--frames", "33", "--crop", "256", "--report", report)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert report.read_text() == ""
-    assert "1 total, 1 usable, 0 with errors" in checked.stdout
+    for name, extra in (("shipped", []), ("transcoded", ["--transcode"])):
+        made = run_tool("make-shards", src, tmp_path / name, *extra)
+        assert made.returncode == 0, made.stdout + made.stderr
+        report = tmp_path / f"{name}.jsonl"
+        checked = run_tool("check", tmp_path / name, "--frames", "33", "--crop", "256", "--report", report)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "1 total, 1 usable, 0 with errors" in checked.stdout
+        lines = [json.loads(line) for line in report.read_text().splitlines()]
+        if name == "shipped":
+            assert [(line["code"], line["severity"]) for line in lines] == [("long_gop", "warning")]
+            assert "a keyframe every 132 frames" in lines[0]["message"]
+        else:
+            assert lines == []
 
 
 @pytest.fixture

@@ -59,3 +59,17 @@ def test_non_positive_rates_are_refused() -> None:
     for make, key in ((lambda: OptimConfig(lr=0.0), "optim.lr"), (lambda: OptimConfig(adam_eps=0.0), "optim.adam_eps")):
         with pytest.raises(ValueError, match=f"invalid {key}=0.0"):
             make()
+
+
+@pytest.mark.parametrize(
+    ("make", "key"),
+    [
+        (lambda: DataConfig(start="first"), "data.start"),
+        (lambda: DataConfig(start="keyframe", keyframe_window=-1), "data.keyframe_window"),
+        (lambda: DataConfig(keyframe_window=2.5), "data.keyframe_window"),
+    ],
+)
+def test_clip_start_settings_are_checked_with_their_key(make, key: str) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=f"invalid {re.escape(key)}="):
+        make()
+    assert DataConfig(start="keyframe", keyframe_window=0).start == "keyframe"

@@ -50,8 +50,9 @@ class Box:
 
 
 class ClipReader:
-    """One open video; ``frames`` comes from its index, ``width`` and ``height`` are the displayed sides
-    (the stored ones turned by the display matrix, see ``orientation``).
+    """One open video; ``frames`` comes from its index, ``keyframes`` (sorted frame numbers) from the same
+    index, ``width`` and ``height`` are the displayed sides (the stored ones turned by the display matrix, see
+    ``orientation``).
 
     Use as a context manager: the container is closed on exit, also after an error. Opening decodes
     the first frame (to read the display matrix); a matrix other than a multiple of 90 degrees raises
@@ -73,6 +74,8 @@ class ClipReader:
             if index is not None and len(index) > 0:
                 self._reader: AVReaderByFrames | AVReaderByPts = AVReaderByFrames(self._container, 0, index)
                 self.frames = len(index)
+                # Frame numbers as energon's reader counts them: positions in the index.
+                self.keyframes = [i for i, entry in enumerate(index) if entry.is_keyframe]
             else:
                 # No usable index (mkv, webm, avi): demux once (no decoding) for exact frame
                 # timestamps, and read by timestamp so variable frame rates stay exact too.
@@ -80,6 +83,8 @@ class ClipReader:
                 self._pts = sorted(entry.timestamp for entry in probe._entries)
                 self._reader = AVReaderByPts(self._container, 0, probe)
                 self.frames = len(self._pts)
+                keyframe_pts = {entry.timestamp for entry in probe._entries if entry.is_keyframe}
+                self.keyframes = [i for i, pts in enumerate(self._pts) if pts in keyframe_pts]
             ctx = self._stream.codec_context
             self._stored = (int(ctx.width), int(ctx.height))
             self.orientation = self._read_orientation()

@@ -47,6 +47,8 @@ class VideoInfo:
     """Why fewer than ``promised`` frames (or not every frame) can be read; empty for a whole file."""
     display_matrix: tuple[int, ...] | None = None
     """The stream's display matrix (FFmpeg's 9 integers), when it has one: how players turn the picture."""
+    keyframes: int = 0
+    """Keyframes among the readable packets (0: not counted)."""
 
     @property
     def orientation(self) -> Orientation:
@@ -176,6 +178,7 @@ def probe_video(source: bytes | str | os.PathLike | BinaryIO, deep: bool = False
             promised=promised,
             damage=damage,
             display_matrix=matrix,
+            keyframes=len(scan.keyframes),
         )
     finally:
         container.close()
@@ -281,6 +284,18 @@ def _decode_check(
     return scan.whole, matrix, ""
 
 
+TRANSCODED_GOP = 16
+"""Frames per keyframe of ``make-shards --transcode``'s shards."""
+LONG_GOP_RATIO = 1.5
+"""Warn when a random clip decodes this many times the frames it would from transcoded shards."""
+
+
+def decoded_per_clip(gop: float, frames: int) -> float:
+    """Frames a clip of ``frames`` from a uniformly random start decodes on average, with a keyframe every
+    ``gop`` frames: its own, and those from the keyframe before its start ((gop - 1) / 2 on average)."""
+    return frames + (max(gop, 1.0) - 1.0) / 2.0
+
+
 def _near_common_fps(fps: float) -> bool:
     return any(abs(fps - rate) <= _FPS_TOLERANCE * rate for rate in COMMON_FPS)
 
@@ -344,6 +359,20 @@ def clip_problems(info: VideoInfo, frames: int, crop: int, resize_short_side: in
                 "minimum, low-resolution footage teaches the tokenizer little detail",
             )
         )
+    if info.keyframes and info.frames >= frames:
+        gop = info.frames / info.keyframes
+        ratio = decoded_per_clip(gop, frames) / decoded_per_clip(TRANSCODED_GOP, frames)
+        if ratio >= LONG_GOP_RATIO:
+            problems.append(
+                Problem(
+                    "warning",
+                    "long_gop",
+                    f"a keyframe every {gop:.0f} frames: a {frames}-frame clip from a random start decodes about "
+                    f"{decoded_per_clip(gop, frames):.0f} frames, {ratio:.1f}x as many as from shards made with "
+                    f"make-shards --transcode (a keyframe every {TRANSCODED_GOP}); transcode for a faster loader, "
+                    "or set data.start=keyframe (README: Clip starts)",
+                )
+            )
     if info.variable_fps:
         problems.append(
             Problem(

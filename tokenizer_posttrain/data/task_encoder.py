@@ -49,6 +49,7 @@ from .batch import (
     VIDEO,
 )
 from .clip_decode import Box, ClipReader
+from .clip_start import keyframe_start, uniform_start
 
 # Bucket name -> width / height. One pixel budget (crop_height x crop_width) for all.
 ASPECT_BUCKETS: dict[str, float] = {"1:1": 1.0, "4:3": 4 / 3, "3:4": 3 / 4, "16:9": 16 / 9, "9:16": 9 / 16}
@@ -174,6 +175,10 @@ class ClipSpec:
     """Resize frames so their short side has this length before cropping (during decode)."""
     hflip: bool = False
     """Flip half of the clips horizontally."""
+    start: str = "uniform"
+    """Where random clips start: ``uniform`` or ``keyframe`` (:mod:`.clip_start`)."""
+    keyframe_window: int = 4
+    """With ``start="keyframe"``: the frames after a keyframe a clip may start at."""
     aspect_buckets: bool = False
     """Crop each clip at the bucket (1:1, 4:3, 3:4, 16:9, 9:16) nearest its video's aspect ratio,
     all at the pixel budget height x width; every batch holds one bucket."""
@@ -302,7 +307,10 @@ class VideoClipTaskEncoder(DefaultTaskEncoder[RawVideo, Clip, dict, dict]):
 
             # Every valid start and offset is reachable: randint is inclusive at both ends.
             if spec.random_crop:
-                start = rng.randint(0, n_frames - spec.frames)
+                if spec.start == "keyframe":
+                    start = keyframe_start(reader.keyframes, n_frames, spec.frames, spec.keyframe_window, rng)
+                else:
+                    start = uniform_start(n_frames, spec.frames, rng)
                 top, left = rng.randint(0, out_h - crop_h), rng.randint(0, out_w - crop_w)
             else:
                 start = (n_frames - spec.frames) // 2

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
+from ..data.clip_start import CLIP_STARTS
 from ..losses.loss import LossConfig  # the loss.* group lives with the terms it configures
 
 __all__ = [
@@ -158,6 +159,12 @@ class DataConfig:
     """Resize frames (while decoding) so the short side has this length, before cropping."""
     hflip: bool = False
     """Flip half of the clips horizontally."""
+    start: str = "uniform"
+    """Where clips start: ``uniform`` (every frame alike) or ``keyframe`` (at a keyframe or up to
+    data.keyframe_window frames after it: no decoding of frames a clip does not use, much faster on long-GOP
+    footage, at the cost of clips that start at the same few places; README, "Clip starts")."""
+    keyframe_window: int = 4
+    """With data.start=keyframe: the frames after a keyframe a clip may start at (0: only at keyframes)."""
     aspect_buckets: bool = False
     """Crop at the aspect bucket (1:1, 4:3, 3:4, 16:9, 9:16) nearest each video, at the pixel budget
     height x width; each batch holds one bucket."""
@@ -187,6 +194,15 @@ class DataConfig:
         )
         _require(
             0 <= self.max_skip_fraction <= 1, "data.max_skip_fraction", self.max_skip_fraction, "must be in [0, 1]"
+        )
+        _require(self.start in CLIP_STARTS, "data.start", self.start, f"use one of {', '.join(CLIP_STARTS)}")
+        _require(
+            isinstance(self.keyframe_window, int)
+            and not isinstance(self.keyframe_window, bool)
+            and self.keyframe_window >= 0,
+            "data.keyframe_window",
+            self.keyframe_window,
+            "must be an integer >= 0",
         )
         _require(
             self.resize_short_side is None or self.resize_short_side > 0,

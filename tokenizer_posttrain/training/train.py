@@ -173,6 +173,8 @@ def build_datamodule(
         width=data.width,
         resize_short_side=data.resize_short_side,
         hflip=data.hflip,
+        start=data.start,
+        keyframe_window=data.keyframe_window,
         aspect_buckets=data.aspect_buckets,
         multiple_of=get_config(model.model).spatial_compression,
     )
