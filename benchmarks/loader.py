@@ -18,6 +18,7 @@ timed windows after warm-up.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import random
@@ -114,9 +115,9 @@ def energon_clip(data: bytes, rng: random.Random) -> torch.Tensor:
     return (frames.permute(1, 0, 2, 3).float() / 127.5 - 1.0).to(torch.bfloat16)
 
 
-def reader_clip(data: bytes, rng: random.Random) -> torch.Tensor:
+def reader_clip(data: bytes, rng: random.Random, threads: int | None = None) -> torch.Tensor:
     """The current path (what the TaskEncoder does): one open, crop cut from YUV, RGB for it only."""
-    with ClipReader(io.BytesIO(data)) as reader:
+    with ClipReader(io.BytesIO(data), threads) as reader:
         start = rng.randint(0, reader.frames - FRAMES)
         top, left = rng.randint(0, reader.height - CROP), rng.randint(0, reader.width - CROP)
         return reader.read(start, FRAMES, Box(top, left, CROP, CROP)).to(torch.bfloat16)
@@ -155,6 +156,12 @@ def main() -> None:
         "--starts", nargs="+", choices=["uniform", "keyframe"], default=["uniform"], help="data.start of the loader"
     )
     parser.add_argument("--no-decode-only", action="store_true", help="time the train loader only")
+    parser.add_argument(
+        "--decode-threads",
+        nargs="+",
+        default=["default"],
+        help="decode-only rows: FFmpeg threads per ClipReader (a number, or 'default' for FFmpeg's own)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # one core's work per process, as in a loader worker
     results = []
@@ -173,7 +180,12 @@ def main() -> None:
         datasets = {makers[name][0]: makers[name][1]() for name in args.data}
         for data_name, path in datasets.items():
             data = _first_mp4(path)
-            decoders = {"energon get_video_clips": energon_clip, "ClipReader": reader_clip}
+            decoders: dict[str, Callable[[bytes, random.Random], torch.Tensor]] = {
+                "energon get_video_clips": energon_clip
+            }
+            for threads in args.decode_threads:
+                count = None if threads == "default" else int(threads)
+                decoders[f"ClipReader, decode threads {threads}"] = functools.partial(reader_clip, threads=count)
             for path_name, decode in {} if args.no_decode_only else decoders.items():
                 rng = random.Random(0)
                 decode(data, rng)  # warm-up

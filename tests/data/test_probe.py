@@ -229,12 +229,15 @@ def test_probe_counts_keyframes() -> None:
 
 
 def test_clip_problems_long_gop_warns_with_the_decoding_it_costs() -> None:
-    # 500 frames, 2 keyframes: GOP 250, a 33-frame clip decodes 33 + 124.5 frames against 33 + 7.5 transcoded.
-    problems = clip_problems(_info(frames=500, keyframes=2), 33, 256)
+    # 1000 frames, 4 keyframes: GOP 250, a 33-frame clip decodes 33 + 124.5 frames against 33 + 7.5 transcoded.
+    problems = clip_problems(_info(frames=1000, keyframes=4), 33, 256)
     assert _codes(problems) == {"long_gop": "warning"}
     message = problems[0].message
     assert "every 250 frames" in message and "about 158 frames, 3.9x" in message
     assert "make-shards --transcode" in message and "data.start=keyframe" in message
+    # One keyframe in 132 frames: only 100 starts, 49.5 frames wasted on average; keyframe starts not offered.
+    (single,) = clip_problems(_info(frames=132, keyframes=1), 33, 256)
+    assert "about 82 frames, 2.0x" in single.message and "data.start" not in single.message
     # A keyframe every 16 or 48 frames (shipped by many cameras at 1-2 s): less than 1.5x, no warning.
     assert clip_problems(_info(frames=480, keyframes=30), 33, 256) == []
     assert clip_problems(_info(frames=480, keyframes=10), 33, 256) == []

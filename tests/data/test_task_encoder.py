@@ -235,3 +235,10 @@ def test_turned_videos_are_bucketed_as_displayed(tmp_path: Path) -> None:
     for batch in batches(data, spec, 2):
         assert batch[ASPECT_RATIO].tolist()[0] < 0.67
         assert batch[VIDEO].shape[-2] > batch[VIDEO].shape[-1]
+
+
+def test_a_clip_spec_refuses_an_unknown_start() -> None:
+    with pytest.raises(ValueError, match="ClipSpec.start='keyframes' must be one of uniform, keyframe"):
+        ClipSpec(start="keyframes")
+    with pytest.raises(ValueError, match="keyframe_window=-1"):
+        ClipSpec(start="keyframe", keyframe_window=-1)

@@ -124,7 +124,7 @@ def test_real_footage_packs_and_checks_clean(tmp_path: Path) -> None:
         lines = [json.loads(line) for line in report.read_text().splitlines()]
         if name == "shipped":
             assert [(line["code"], line["severity"]) for line in lines] == [("long_gop", "warning")]
-            assert "a keyframe every 132 frames" in lines[0]["message"]
+            assert "a keyframe every 132 frames" in lines[0]["message"] and "2.0x" in lines[0]["message"]
         else:
             assert lines == []
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -127,12 +126,12 @@ def test_a_finished_run_is_an_error_when_resume_past_end_is_off(tmp_path: Path) 
 
 
 def test_a_live_run_in_the_folder_stops_the_launch(tmp_path: Path) -> None:
-    from tests.training.test_run_lock import plant_lock
+    from tests.training.test_run_lock import held_by_another_process
     from tokenizer_posttrain.training.run_lock import RunFolderBusy
 
-    plant_lock(tmp_path / "run", pid=os.getppid())  # alive: the process that started these tests
-    with pytest.raises(RunFolderBusy, match=f"PID {os.getppid()}"):
-        train(**tiny_run(tmp_path))
+    with held_by_another_process(tmp_path / "run") as holder:
+        with pytest.raises(RunFolderBusy, match=f"PID {holder.pid}"):
+            train(**tiny_run(tmp_path))
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 

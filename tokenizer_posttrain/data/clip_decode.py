@@ -59,7 +59,9 @@ class ClipReader:
     :class:`~.orientation.UnsupportedOrientation` (a ValueError).
     """
 
-    def __init__(self, video: AVDecoder | BinaryIO) -> None:
+    def __init__(self, video: AVDecoder | BinaryIO, threads: int | None = None) -> None:
+        """``threads``: FFmpeg's decoding threads (frame and slice threading) for this video; None keeps
+        FFmpeg's defaults (slice threads only, one per core)."""
         decoder = video if isinstance(video, AVDecoder) else AVDecoder(video)
         by_frames = decoder._inspect_index_mode().name == "FRAMES"  # mp4/mov/m4v: a full index
         stream = decoder.stream
@@ -69,6 +71,9 @@ class ClipReader:
             if not self._container.streams.video:
                 raise ValueError("no video stream")
             self._stream = self._container.streams.video[0]
+            if threads is not None:  # before the first decode opens the codec
+                self._stream.thread_type = "AUTO"
+                self._stream.codec_context.thread_count = threads
             self._pts: list[int] | None = None
             index = self._stream.index_entries if by_frames else None
             if index is not None and len(index) > 0:

@@ -290,10 +290,12 @@ LONG_GOP_RATIO = 1.5
 """Warn when a random clip decodes this many times the frames it would from transcoded shards."""
 
 
-def decoded_per_clip(gop: float, frames: int) -> float:
+def decoded_per_clip(gop: float, frames: int, video_frames: int | None = None) -> float:
     """Frames a clip of ``frames`` from a uniformly random start decodes on average, with a keyframe every
-    ``gop`` frames: its own, and those from the keyframe before its start ((gop - 1) / 2 on average)."""
-    return frames + (max(gop, 1.0) - 1.0) / 2.0
+    ``gop`` frames: its own, and those from the keyframe before its start: (gop - 1) / 2 on average, or less
+    when the ``video_frames - frames + 1`` possible starts are fewer than a GOP."""
+    starts = gop if video_frames is None else min(gop, video_frames - frames + 1)
+    return frames + (max(starts, 1.0) - 1.0) / 2.0
 
 
 def _near_common_fps(fps: float) -> bool:
@@ -361,16 +363,18 @@ def clip_problems(info: VideoInfo, frames: int, crop: int, resize_short_side: in
         )
     if info.keyframes and info.frames >= frames:
         gop = info.frames / info.keyframes
-        ratio = decoded_per_clip(gop, frames) / decoded_per_clip(TRANSCODED_GOP, frames)
+        decoded = decoded_per_clip(gop, frames, info.frames)
+        ratio = decoded / decoded_per_clip(TRANSCODED_GOP, frames, info.frames)
         if ratio >= LONG_GOP_RATIO:
+            # Keyframe starts need a few keyframes to start from; with one, every clip would open the video.
+            other = " (or set data.start=keyframe: README, Clip starts)" if info.keyframes >= 4 else ""
             problems.append(
                 Problem(
                     "warning",
                     "long_gop",
                     f"a keyframe every {gop:.0f} frames: a {frames}-frame clip from a random start decodes about "
-                    f"{decoded_per_clip(gop, frames):.0f} frames, {ratio:.1f}x as many as from shards made with "
-                    f"make-shards --transcode (a keyframe every {TRANSCODED_GOP}); transcode for a faster loader, "
-                    "or set data.start=keyframe (README: Clip starts)",
+                    f"{decoded:.0f} frames, {ratio:.1f}x as many as from shards made with make-shards --transcode "
+                    f"(a keyframe every {TRANSCODED_GOP}); transcode them for a faster loader{other}",
                 )
             )
     if info.variable_fps:

@@ -49,7 +49,7 @@ from .batch import (
     VIDEO,
 )
 from .clip_decode import Box, ClipReader
-from .clip_start import keyframe_start, uniform_start
+from .clip_start import CLIP_STARTS, keyframe_start, uniform_start
 
 # Bucket name -> width / height. One pixel budget (crop_height x crop_width) for all.
 ASPECT_BUCKETS: dict[str, float] = {"1:1": 1.0, "4:3": 4 / 3, "3:4": 3 / 4, "16:9": 16 / 9, "9:16": 9 / 16}
@@ -186,6 +186,12 @@ class ClipSpec:
     """Bucket sides are rounded to this (the tokenizers' spatial compression)."""
     random_crop: bool = True
     """False: the middle frames and the centre crop (deterministic validation)."""
+
+    def __post_init__(self) -> None:
+        if self.start not in CLIP_STARTS:
+            raise ValueError(f"ClipSpec.start={self.start!r} must be one of {', '.join(CLIP_STARTS)}")
+        if self.keyframe_window < 0:
+            raise ValueError(f"ClipSpec.keyframe_window={self.keyframe_window} must be >= 0")
 
     def bucket_size(self, name: str) -> tuple[int, int]:
         """(height, width) of an aspect bucket at this spec's pixel budget."""
