@@ -85,6 +85,49 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+class HostUsage(pl.Callback):
+    """The host's side of the timed steps: CPU time of this process and its children (loader workers, also idle
+    compile workers) over the wall time from step ``start`` to the end, as cores kept busy, and the children's
+    summed resident memory then and at the end (a loader whose memory grows shows here). Needs psutil."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.began: tuple[float, float, float] | None = None
+        self.report: dict[str, float] = {}
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float]:
+        import psutil
+
+        me = psutil.Process()
+        tree = [me, *me.children(recursive=True)]
+        cpu = 0.0
+        rss = 0.0
+        for proc in tree:
+            try:
+                times = proc.cpu_times()
+                cpu += times.user + times.system
+                if proc is not me:
+                    rss += proc.memory_info().rss
+            except psutil.Error:  # a worker that ended meanwhile
+                pass
+        return time.perf_counter(), cpu, rss / 2**20
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
+        if self.began is None and trainer.global_step >= self.start:
+            self.began = self._sample()
+
+    def on_train_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if self.began is None:
+            return
+        wall, cpu, rss = self._sample()
+        self.report = {
+            "host_cores_busy": round((cpu - self.began[1]) / max(wall - self.began[0], 1e-9), 2),
+            "children_rss_mib_start": round(self.began[2]),
+            "children_rss_mib_end": round(rss),
+        }
+
+
 class StepProfiler(pl.Callback):
     """Profiles optimizer steps ``[start, start + count)`` of this rank with torch.profiler and writes
     where the wall time went: GPU busy time (the union of kernel and copy intervals), NCCL kernel time,
@@ -250,7 +293,14 @@ def main() -> None:
         configs["trainer"].strategy = DDPStrategy(**merged)  # type: ignore[assignment]
     rank = int(os.environ.get("RANK", "0"))
     profile_start = args.steps - args.profile_steps - 2 if args.profile_steps else args.steps
-    callbacks = []
+    callbacks: list[pl.Callback] = []
+    try:
+        import psutil  # noqa: F401 - only to know whether HostUsage can run
+
+        usage: HostUsage | None = HostUsage(args.warmup)
+        callbacks.append(usage)
+    except ImportError:
+        usage = None
     if args.profile_steps:
         trace = args.trace and rank == 0
         callbacks.append(StepProfiler(profile_start, args.profile_steps, Path(args.profile_out), name, rank, trace))
@@ -260,11 +310,12 @@ def main() -> None:
     # This run's log only: an earlier run of the same name left version_0, version_1, ...
     versions = sorted((run_dir / "csv").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:]))
     with open(versions[-1]) as f:
-        rates = [
-            (int(r["step"]), float(r["train/clips_per_sec"])) for r in csv.DictReader(f) if r.get("train/clips_per_sec")
-        ]
+        rows = list(csv.DictReader(f))
+    rates = [(int(r["step"]), float(r["train/clips_per_sec"])) for r in rows if r.get("train/clips_per_sec")]
+    waits = [(int(r["step"]), float(r["train/data_wait"])) for r in rows if r.get("train/data_wait")]
     # A rate is over the last 10 batches: none of them profiled.
     timed = [rate for step, rate in rates if args.warmup <= step < profile_start]
+    timed_waits = [wait for step, wait in waits if args.warmup <= step < profile_start]
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
     print(
         json.dumps(
@@ -275,6 +326,8 @@ def main() -> None:
                 "clips_per_s": round(statistics.median(timed), 2) if timed else None,
                 "clips_per_s_per_gpu": round(statistics.median(timed) / world, 2) if timed else None,
                 "timed_steps": len(timed),
+                "data_wait_ms": round(1000 * statistics.median(timed_waits), 1) if timed_waits else None,
+                **(usage.report if usage is not None else {}),
                 "peak_mem_gib_rank0": round(peak, 1),
                 "cuda_graph_skips": cuda_graph_skips(),
                 "overrides": args.overrides,

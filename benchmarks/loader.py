@@ -37,34 +37,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.footage import long_gop_video  # noqa: E402
 from tests.videos import bigbuckbunny  # noqa: E402
 from tokenizer_posttrain.data.clip_decode import Box, ClipReader  # noqa: E402
 from tokenizer_posttrain.data.energon import EnergonVideoDataModule  # noqa: E402
 from tokenizer_posttrain.data.task_encoder import ClipSpec  # noqa: E402
 
 FRAMES, CROP = 33, 256
-
-
-def long_gop_video(path: Path, repeats: int = 4, gop: int = 250) -> Path:
-    """The 720p sample ``repeats`` times in one file, re-encoded with a keyframe every ``gop`` frames and none at
-    scene cuts: footage as cameras write it (x264 CRF 18, preset veryfast)."""
-    import av
-
-    with av.open(str(bigbuckbunny())) as source:
-        frames = [frame.to_ndarray(format="yuv420p") for frame in source.decode(video=0)]
-        rate = source.streams.video[0].average_rate
-    height, width = frames[0].shape[0] * 2 // 3, frames[0].shape[1]
-    options = {"crf": "18", "preset": "veryfast", "g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"}
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream("libx264", rate=rate, options=options)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for _ in range(repeats):
-            for plane in frames:
-                for packet in stream.encode(av.VideoFrame.from_ndarray(plane, format="yuv420p")):
-                    out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return path
 
 
 def build_dataset(root: Path, copies: int, extra_args: list[str], video: Path | None = None) -> Path:

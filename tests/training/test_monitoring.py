@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,11 @@ import pytest
 from tests.conftest import fit, read_metrics, run_cli_here
 from tests.training.conftest import no_vgg, tiny
 from tests.training.test_checkpointing import ARGS
-from tests.training.test_step_guard import fit_logged
+from tests.training.test_step_guard import Recorder, fit_logged
+from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
 from tokenizer_posttrain.training.config import OptimConfig
 from tokenizer_posttrain.training.module import TokenizerModel
-from tokenizer_posttrain.training.monitoring import LearningRateLogger, StepProgressBar
+from tokenizer_posttrain.training.monitoring import LearningRateLogger, StepProgressBar, ThroughputMonitor
 
 
 def test_learning_rates_are_logged_per_group_at_the_loss_steps(tmp_path: Path) -> None:
@@ -115,3 +117,36 @@ def test_a_damaged_shard_is_named_once_and_its_samples_counted(capsys: pytest.Ca
         callback.on_train_batch_start(trainer, module, _skip_batch(bad, 0), 3)
     assert "a.tar:bad18: unreadable" in str(err.value) and "#7" not in str(err.value)
     assert "(besides, 58 of them in 1 damaged tar shard(s): train.tar: 58; 21 unusable videos)" in str(err.value)
+
+
+class SlowLoader(SyntheticVideoDataModule):
+    """The synthetic clips, each batch handed over ``delay`` seconds late (a loader that cannot keep up)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(frames=9, height=32, width=32, num_workers=0, num_train_samples=8)
+        self.delay = delay
+
+    def train_dataloader(self):  # noqa: ANN201 - any iterable of batches
+        loader = super().train_dataloader()
+
+        class Late:
+            def __iter__(inner):  # noqa: ANN204, N805
+                for batch in loader:
+                    time.sleep(self.delay)
+                    yield batch
+
+        return Late()
+
+
+def test_the_loop_s_wait_for_the_loader_is_logged(tmp_path: Path) -> None:
+    waits = {}
+    for delay in (0.0, 0.25):
+        recorder = Recorder()
+        module = TokenizerModel(tiny("CV8x8x8"), loss=no_vgg())
+        fit(module, tmp_path / str(delay), steps=5, callbacks=[ThroughputMonitor()], logger=recorder,
+            log_every_n_steps=1, datamodule=SlowLoader(delay))  # fmt: skip
+        logged = [row["train/data_wait"] for _, row in recorder.rows if "train/data_wait" in row]
+        assert len(logged) >= 3
+        waits[delay] = logged[-1]
+    assert waits[0.0] < 0.1
+    assert 0.2 < waits[0.25] - waits[0.0] < 0.4

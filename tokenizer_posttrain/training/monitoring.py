@@ -46,19 +46,28 @@ def loggers(run_dir: Path, name: str) -> list:
 
 
 class ThroughputMonitor(pl.Callback):
-    """Logs ``train/clips_per_sec`` and ``train/step_time`` over the wall time of the last few batches, and
-    ``train/gpu_mem_gib`` (peak allocated) on a GPU.
+    """Logs ``train/clips_per_sec`` and ``train/step_time`` over the wall time of the last few batches,
+    ``train/data_wait`` (the mean seconds per batch between the end of one batch and the start of the next:
+    where the loop waits for the loader), and ``train/gpu_mem_gib`` (peak allocated) on a GPU.
 
     The time includes data loading, and on a GPU the queue of asynchronous kernels keeps the host no more
-    than a step ahead. Values are logged as CPU tensors: a Python number would become a CUDA tensor, a copy
-    that waits for the GPU.
+    than a step ahead, so a ``data_wait`` near 0 means the loader kept up. Values are logged as CPU tensors: a
+    Python number would become a CUDA tensor, a copy that waits for the GPU.
     """
 
     def __init__(self, window: int = THROUGHPUT_WINDOW) -> None:
         self._batch_ends: deque[tuple[float, int]] = deque(maxlen=window + 1)
+        self._waits: deque[float] = deque(maxlen=window)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._batch_ends.clear()
+        self._waits.clear()
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._batch_ends:
+            self._waits.append(time.perf_counter() - self._batch_ends[-1][0])
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -69,6 +78,8 @@ class ThroughputMonitor(pl.Callback):
             clips = sum(n for _, n in list(self._batch_ends)[1:])
             pl_module.log("train/clips_per_sec", torch.tensor(clips / max(elapsed, 1e-9)), batch_size=1, prog_bar=True)
             pl_module.log("train/step_time", torch.tensor(elapsed / (len(self._batch_ends) - 1)), batch_size=1)
+        if self._waits:
+            pl_module.log("train/data_wait", torch.tensor(sum(self._waits) / len(self._waits)), batch_size=1)
         if pl_module.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
             pl_module.log("train/gpu_mem_gib", torch.tensor(peak), batch_size=1)
