@@ -11,6 +11,7 @@ on its own, with the frames folded into the batch.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -187,6 +188,9 @@ class PatchDiscriminator(nn.Module):
     def __init__(self, config: GANConfig) -> None:
         super().__init__()
         self.per_frame = config.discriminator == "patch2d"
+        # Channels-last inputs (NDHWC, or NHWC frames), the layout of cuDNN's tensor-core convolutions; set by the
+        # training's acceleration switches with the weights' layout, the values are the same.
+        self.channels_last = False
         self.layers = config.layers
         self.min_size = min_input_size(config)
         dims = 2 if self.per_frame else 3
@@ -210,6 +214,8 @@ class PatchDiscriminator(nn.Module):
         if self.per_frame:
             # [B, 3, T, H, W] -> [B * T, 3, H, W]: every frame is judged on its own.
             video = video.transpose(1, 2).flatten(0, 1)
+        if self.channels_last:
+            video = video.contiguous(memory_format=torch.channels_last if self.per_frame else torch.channels_last_3d)
         return self.net(video)
 
 
@@ -295,7 +301,7 @@ class LeCam(nn.Module):
         return F.relu(real - self.ema_fake).pow(2).mean() + F.relu(self.ema_real - fake).pow(2).mean()
 
 
-def r1_penalty(discriminator: nn.Module, real: Tensor) -> Tensor:
+def r1_penalty(discriminator: Callable[[Tensor], Tensor], real: Tensor) -> Tensor:
     """R1 (Mescheder et al. 2018): the mean over the batch of the squared L2 norm of the gradient of the summed
     logits of ``discriminator`` with respect to its input ``real`` (fp32 scalar). The graph is kept
     (``create_graph``), so the penalty trains the discriminator."""

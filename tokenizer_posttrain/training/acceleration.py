@@ -10,6 +10,8 @@
   layer norms cost more than they save (docs/benchmarks.md);
 * activation checkpointing: the encoder and decoder keep only the input of each ResNet block, resampler,
   stem and head for the backward pass and recompute the rest there;
+* the GAN stage's discriminator, compiled and channels-last as the step is
+  (:meth:`StepAcceleration.apply_discriminator`);
 * DDP settings that keep the host's work per step small (:func:`ddp_kwargs`);
 * during a bf16-mixed fit on a GPU, fp32 matrix products on tensor cores (TF32, :func:`tensor_core_matmuls`):
   under bf16 autocast the only ones left are the Gram term's products of the VGG16's bf16 features.
@@ -27,7 +29,7 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
@@ -36,6 +38,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..losses import Loss
 from .config import ModelConfig, TrainerConfig
+
+if TYPE_CHECKING:
+    from .adversarial import AdversarialStage
 
 Fn = TypeVar("Fn", bound=Callable)
 
@@ -218,6 +223,12 @@ class StepAcceleration:
             compile_segments=cfg.compile and cfg.compile_scope == "blocks",
         )
         configure_loss(loss, channels_last=cfg.channels_last)
+
+    def apply_discriminator(self, stage: AdversarialStage) -> None:
+        """The same switches on the GAN stage's discriminator: compiled forward passes with ``compile`` (static
+        shapes, no CUDA graphs: the stage runs between the step's graphs), channels-last with ``channels_last``."""
+        cfg = self.config
+        stage.accelerate(compile_module_call if cfg.compile else None, cfg.channels_last)
 
     def release(self, network: nn.Module) -> None:
         """The plain network again (training is over: export traces it as it is)."""

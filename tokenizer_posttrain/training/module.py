@@ -71,6 +71,8 @@ class TokenizerModel(pl.LightningModule):
         self._gan_last_layer = gan_last_layer(self.network) if self.adversarial is not None and gan.adaptive else None
         self.acceleration = StepAcceleration(self.model_config)
         self.acceleration.apply(self.network, self.loss)
+        if self.adversarial is not None:
+            self.acceleration.apply_discriminator(self.adversarial)
         self.step_forward = self.acceleration.wrap_step(self._step_forward)
         self._loss_call = self.acceleration.wrap_loss(self.loss.forward)
         self.guard = StepGuard(max_bad_steps, gradient_clip_val)
