@@ -6,11 +6,12 @@
 # and end of the timed steps), the ends of the logs in $OUT/real_footage.log.
 #
 #   benchmarks/real_footage.sh [--sample FILE] [--copies N] [--workers "4 8 12"] [--losses "l1 perceptual"]
-#                              [--data "synthetic transcoded long-gop long-gop-keyframe"]
+#                              [--data "synthetic transcoded long-gop long-gop-keyframe ..."]
 #
 # Datasets (built once under $WORK, default /tmp/real_footage): transcoded (720p after make-shards --transcode),
 # long-gop (1080p, a keyframe every 250 frames, as shipped), long-gop-keyframe (the same with data.start=keyframe),
-# synthetic (48 clips made once per worker, served from memory). Every run: CV8x8x8, 33x256x256 clips (long-gop:
+# transcoded-gpu and long-gop-gpu (decoded by NVDEC: data.decode=gpu), synthetic (48 clips made once per worker,
+# served from memory). Every run: CV8x8x8, 33x256x256 clips (long-gop:
 # short side resized to 256 while decoding), batch 8, compiled, channels-last, CUDA graphs, 40 steps of which the
 # first 20 are left out; runs of one loss share one compile cache, so only the first compiles.
 set -uo pipefail
@@ -43,8 +44,8 @@ fast=${FAST-model.compile=true model.channels_last=true model.cuda_graphs=true}
 needed=()
 for name in $data; do
   case $name in
-    transcoded) needed+=(transcoded) ;;
-    long-gop | long-gop-keyframe) needed+=(long-gop) ;;
+    transcoded | transcoded-gpu) needed+=(transcoded) ;;
+    long-gop | long-gop-keyframe | long-gop-gpu) needed+=(long-gop) ;;
     synthetic) ;;
     *) echo "real_footage.sh: unknown dataset '$name'" >&2; exit 2 ;;
   esac
@@ -68,6 +69,8 @@ for loss in $losses; do
       long-gop) source="data.path=$work/datasets/long-gop/shards data.resize_short_side=256" ;;
       long-gop-keyframe)
         source="data.path=$work/datasets/long-gop/shards data.resize_short_side=256 data.start=keyframe" ;;
+      transcoded-gpu) source="data.path=$work/datasets/transcoded/shards data.decode=gpu" ;;
+      long-gop-gpu) source="data.path=$work/datasets/long-gop/shards data.resize_short_side=256 data.decode=gpu" ;;
     esac
     for w in $workers; do
       began=$(date +%s)

@@ -157,3 +157,16 @@ def test_keyframes_are_the_frame_numbers_ffmpeg_marks_as_keyframes(container: st
         assert reader.keyframes == truth
         # At most 8 frames apart (x264 adds some at scene cuts): several, not just the first frame.
         assert reader.frames == 40 and reader.keyframes[0] == 0 and len(reader.keyframes) >= 5
+
+
+def test_nv12_frames_as_the_gpu_decoder_gives_them_crop_like_yuv420p() -> None:
+    # NVDEC's frames come back to the host as NV12 (U and V interleaved in one plane).
+    from tokenizer_posttrain.data.clip_decode import _crop_planes
+
+    data = encode_video(3, 50, 66)
+    with av.open(io.BytesIO(data)) as container:
+        frame = next(container.decode(video=0))
+    nv12 = frame.reformat(format="nv12")
+    for box in (Box(0, 0, 50, 66), Box(3, 5, 21, 33), Box(10, 12, 16, 16)):
+        for ours, theirs in zip(_crop_planes(nv12, box, interleaved=True), _crop_planes(frame, box), strict=True):
+            assert np.array_equal(ours, theirs), box

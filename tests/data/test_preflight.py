@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.videos import cut_inside_sample, encode_video, write_energon_dataset
 from tokenizer_posttrain.core.errors import DataError
@@ -74,3 +75,11 @@ def test_member_scan_stops_at_the_cut_and_says_where(two_shards: Path) -> None:
     # a whole shard ends with the marker: no damage
     scan = MemberScan(two_shards / "train0.tar")
     assert len(list(scan)) == 10 and scan.damage is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the decoder may well work")
+def test_gpu_decoding_without_a_gpu_is_refused_in_one_line(two_shards: Path) -> None:
+    from tokenizer_posttrain.data.preflight import check_gpu_decoding
+
+    with pytest.raises(DataError, match=r"^data\.decode=gpu: .* could not be decoded on the GPU .*data\.decode=cpu$"):
+        check_gpu_decoding(two_shards)

@@ -242,3 +242,5 @@ def test_a_clip_spec_refuses_an_unknown_start() -> None:
         ClipSpec(start="keyframes")
     with pytest.raises(ValueError, match="keyframe_window=-1"):
         ClipSpec(start="keyframe", keyframe_window=-1)
+    with pytest.raises(ValueError, match="ClipSpec.decode='nvdec' must be one of cpu, gpu"):
+        ClipSpec(decode="nvdec")

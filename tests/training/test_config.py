@@ -67,6 +67,7 @@ def test_non_positive_rates_are_refused() -> None:
         (lambda: DataConfig(start="first"), "data.start"),
         (lambda: DataConfig(start="keyframe", keyframe_window=-1), "data.keyframe_window"),
         (lambda: DataConfig(keyframe_window=2.5), "data.keyframe_window"),
+        (lambda: DataConfig(decode="nvdec"), "data.decode"),
     ],
 )
 def test_clip_start_settings_are_checked_with_their_key(make, key: str) -> None:  # noqa: ANN001

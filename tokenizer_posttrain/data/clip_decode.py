@@ -21,8 +21,9 @@ from typing import BinaryIO
 import av
 import numpy as np
 import torch
+from av.codec.hwaccel import HWAccel
 from megatron.energon.av import AVDecoder
-from megatron.energon.av.av_init import av_open
+from megatron.energon.av.av_init import av_open, initialize_av_container
 from megatron.energon.av.av_reader import AVProbeIndex, AVReaderByFrames, AVReaderByPts
 
 from .orientation import NONE, Orientation, frame_orientation
@@ -59,14 +60,24 @@ class ClipReader:
     :class:`~.orientation.UnsupportedOrientation` (a ValueError).
     """
 
-    def __init__(self, video: AVDecoder | BinaryIO, threads: int | None = None) -> None:
+    def __init__(self, video: AVDecoder | BinaryIO, threads: int | None = None, gpu: bool = False) -> None:
         """``threads``: FFmpeg's decoding threads (frame and slice threading) for this video; None keeps
-        FFmpeg's defaults (slice threads only, one per core)."""
+        energon's setting (none: FFmpeg's threads can deadlock a forked loader worker). ``gpu``: decode on the
+        GPU's video decoder (NVDEC, through FFmpeg's CUDA device), frames downloaded to the host; no fallback
+        to software decoding, so a missing decoder fails here or at the first frame."""
         decoder = video if isinstance(video, AVDecoder) else AVDecoder(video)
         by_frames = decoder._inspect_index_mode().name == "FRAMES"  # mp4/mov/m4v: a full index
         stream = decoder.stream
         stream.seek(0)
-        self._container = av_open(stream)
+        if gpu:
+            self._container = av.open(stream, "r", hwaccel=HWAccel("cuda", allow_software_fallback=False))
+            try:
+                initialize_av_container(self._container)
+            except BaseException:
+                self._container.close()
+                raise
+        else:
+            self._container = av_open(stream)
         try:
             if not self._container.streams.video:
                 raise ValueError("no video stream")
@@ -157,6 +168,8 @@ class ClipReader:
                 raise ValueError(f"frame {frame.width}x{frame.height} does not hold the crop {box}")
             if frame.format.name in _YUV420 and not rgb:
                 planes.append(_crop_planes(frame, box))
+            elif frame.format.name == "nv12" and not rgb:  # what the GPU's decoder hands back
+                planes.append(_crop_planes(frame, box, interleaved=True))
             else:
                 rgb.append(_crop_rgb(frame, box))
         if planes and rgb:
@@ -176,14 +189,21 @@ def _plane(frame: av.VideoFrame, index: int, height: int, width: int) -> np.ndar
     return np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[:height, :width]
 
 
-def _crop_planes(frame: av.VideoFrame, box: Box) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _crop_planes(
+    frame: av.VideoFrame, box: Box, interleaved: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Copies of the chroma samples covering the crop (4:2:0: one per 2x2 pixels) and of the luma
-    under them: the crop grown to even offsets and sizes."""
+    under them: the crop grown to even offsets and sizes. ``interleaved``: NV12, both chroma planes in one
+    (U and V alternating)."""
     rows = slice(box.top // 2, (box.top + box.height - 1) // 2 + 1)
     cols = slice(box.left // 2, (box.left + box.width - 1) // 2 + 1)
     ch, cw = (frame.height + 1) // 2, (frame.width + 1) // 2
-    u = _plane(frame, 1, ch, cw)[rows, cols]
-    v = _plane(frame, 2, ch, cw)[rows, cols]
+    if interleaved:
+        uv = _plane(frame, 1, ch, 2 * cw)[rows, 2 * cols.start : 2 * cols.stop]
+        u, v = uv[:, 0::2], uv[:, 1::2]
+    else:
+        u = _plane(frame, 1, ch, cw)[rows, cols]
+        v = _plane(frame, 2, ch, cw)[rows, cols]
     y = _plane(frame, 0, frame.height, frame.width)[2 * rows.start : 2 * rows.stop, 2 * cols.start : 2 * cols.stop]
     if y.shape != (2 * u.shape[0], 2 * u.shape[1]):  # odd frame size, crop at its edge: repeat the edge
         y = np.pad(y, [(0, 2 * u.shape[0] - y.shape[0]), (0, 2 * u.shape[1] - y.shape[1])], mode="edge")

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 CLIP_STARTS = ("uniform", "keyframe")
 """The values of ``data.start``."""
+DECODERS = ("cpu", "gpu")
+"""The values of ``data.decode``: where clips are decoded (:class:`~.clip_decode.ClipReader`)."""
 
 
 def uniform_start(n_frames: int, frames: int, rng: random.Random) -> int:

@@ -146,3 +146,26 @@ def preflight(
             "or remove these files (python -m data_tools check lists every problem)."
         )
     return damaged + unreadable + bad
+
+
+def check_gpu_decoding(path: str | Path, seed: int = 0) -> None:
+    """For ``data.decode=gpu``: decode the first frame of one train video on the GPU's video decoder, or raise
+    :class:`DataError` saying why and what to do (before any worker starts)."""
+    import io
+
+    from .clip_decode import Box, ClipReader
+
+    unreadable: list[str] = []
+    checked = _sample_members(train_shards(path), 1, seed, unreadable)
+    if not checked:
+        return  # the preflight names unreadable or empty shards
+    name, data = checked[0]
+    try:
+        with ClipReader(io.BytesIO(data), gpu=True) as reader:
+            reader.read(0, 1, Box(0, 0, 2, 2))
+    except Exception as err:  # FFmpeg reports a missing device or decoder in many ways
+        raise DataError(
+            f"data.decode=gpu: {name} could not be decoded on the GPU ({type(err).__name__}: {err}); FFmpeg needs "
+            "the NVIDIA driver's video decoder (libnvcuvid; in a container, NVIDIA_DRIVER_CAPABILITIES must include "
+            "video), or use data.decode=cpu"
+        ) from None

@@ -49,7 +49,7 @@ from .batch import (
     VIDEO,
 )
 from .clip_decode import Box, ClipReader
-from .clip_start import CLIP_STARTS, keyframe_start, uniform_start
+from .clip_start import CLIP_STARTS, DECODERS, keyframe_start, uniform_start
 
 # Bucket name -> width / height. One pixel budget (crop_height x crop_width) for all.
 ASPECT_BUCKETS: dict[str, float] = {"1:1": 1.0, "4:3": 4 / 3, "3:4": 3 / 4, "16:9": 16 / 9, "9:16": 9 / 16}
@@ -179,6 +179,8 @@ class ClipSpec:
     """Where random clips start: ``uniform`` or ``keyframe`` (:mod:`.clip_start`)."""
     keyframe_window: int = 4
     """With ``start="keyframe"``: the frames after a keyframe a clip may start at."""
+    decode: str = "cpu"
+    """``cpu`` or ``gpu`` (NVDEC): where the video is decoded."""
     aspect_buckets: bool = False
     """Crop each clip at the bucket (1:1, 4:3, 3:4, 16:9, 9:16) nearest its video's aspect ratio,
     all at the pixel budget height x width; every batch holds one bucket."""
@@ -190,6 +192,8 @@ class ClipSpec:
     def __post_init__(self) -> None:
         if self.start not in CLIP_STARTS:
             raise ValueError(f"ClipSpec.start={self.start!r} must be one of {', '.join(CLIP_STARTS)}")
+        if self.decode not in DECODERS:
+            raise ValueError(f"ClipSpec.decode={self.decode!r} must be one of {', '.join(DECODERS)}")
         if self.keyframe_window < 0:
             raise ValueError(f"ClipSpec.keyframe_window={self.keyframe_window} must be >= 0")
 
@@ -298,7 +302,7 @@ class VideoClipTaskEncoder(DefaultTaskEncoder[RawVideo, Clip, dict, dict]):
         spec = self.spec
         rng = self._rng()
         try:
-            reader = ClipReader(sample.video)
+            reader = ClipReader(sample.video, gpu=spec.decode == "gpu")
         except _DECODE_ERRORS as err:
             self._skip(sample, f"unreadable video ({type(err).__name__}: {err})")
         with reader:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
-from ..data.clip_start import CLIP_STARTS
+from ..data.clip_start import CLIP_STARTS, DECODERS
 from ..losses.loss import LossConfig  # the loss.* group lives with the terms it configures
 
 __all__ = [
@@ -165,6 +165,9 @@ class DataConfig:
     footage, at the cost of clips that start at the same few places; README, "Clip starts")."""
     keyframe_window: int = 4
     """With data.start=keyframe: the frames after a keyframe a clip may start at (0: only at keyframes)."""
+    decode: str = "cpu"
+    """Where loader workers decode video: ``cpu`` (FFmpeg's software decoders) or ``gpu`` (the GPU's video
+    decoder, NVDEC, through FFmpeg; checked at launch; each worker then holds a CUDA context)."""
     aspect_buckets: bool = False
     """Crop at the aspect bucket (1:1, 4:3, 3:4, 16:9, 9:16) nearest each video, at the pixel budget
     height x width; each batch holds one bucket."""
@@ -196,6 +199,7 @@ class DataConfig:
             0 <= self.max_skip_fraction <= 1, "data.max_skip_fraction", self.max_skip_fraction, "must be in [0, 1]"
         )
         _require(self.start in CLIP_STARTS, "data.start", self.start, f"use one of {', '.join(CLIP_STARTS)}")
+        _require(self.decode in DECODERS, "data.decode", self.decode, f"use one of {', '.join(DECODERS)}")
         _require(
             isinstance(self.keyframe_window, int)
             and not isinstance(self.keyframe_window, bool)

@@ -175,6 +175,7 @@ def build_datamodule(
         hflip=data.hflip,
         start=data.start,
         keyframe_window=data.keyframe_window,
+        decode=data.decode,
         aspect_buckets=data.aspect_buckets,
         multiple_of=get_config(model.model).spatial_compression,
     )
@@ -194,9 +195,11 @@ def check_data(data: DataConfig, world_size: int, seed: int) -> None:
     """Preflight of a real dataset: refuse to start when its videos cannot give the clips."""
     if data.path is None:
         return
-    from ..data.preflight import check_worker_share, preflight
+    from ..data.preflight import check_gpu_decoding, check_worker_share, preflight
 
     check_worker_share(data.path, world_size, data.num_workers)
+    if data.decode == "gpu":
+        check_gpu_decoding(data.path, seed)
     problems = preflight(
         data.path,
         data.frames,
