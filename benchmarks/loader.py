@@ -153,7 +153,9 @@ def main() -> None:
             ),
             "long-gop": (
                 "720p x4 in one file, GOP 250",
-                lambda: build_dataset(Path(tmp) / "long", args.copies, [], long_gop_video(Path(tmp) / "long_gop.mp4")),
+                lambda: build_dataset(
+                    Path(tmp) / "long", args.copies, [], long_gop_video(bigbuckbunny(), Path(tmp) / "long_gop.mp4")
+                ),
             ),
         }
         datasets = {makers[name][0]: makers[name][1]() for name in args.data}

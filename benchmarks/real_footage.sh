@@ -37,6 +37,7 @@ while (($#)); do
   shift 2
 done
 mkdir -p "$out" "$work"
+[[ -f $sample ]] || { echo "real_footage.sh: no sample video at $sample (carry .bench_media, or --sample FILE)" >&2; exit 2; }
 # LOOP and FAST replace the defaults (e.g. a small CPU try: LOOP="--size 64 --micro-batch 1 --frames 9" FAST="").
 loop="benchmarks/ddp_scaling.py ${LOOP:---micro-batch 8}"
 fast=${FAST-model.compile=true model.channels_last=true model.cuda_graphs=true}

@@ -171,15 +171,21 @@ def test_adaptive_every_reuses_the_weight_between_recomputations(tmp_path: Path)
 
 
 @pytest.mark.parametrize("kind", ["patch3d", "patch2d"])
-def test_a_compiled_channels_last_discriminator_trains_as_the_plain_one(kind: str) -> None:
+def test_a_compiled_channels_last_discriminator_trains_as_the_plain_one(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The training's speed switches on the discriminator (model.compile, model.channels_last): same logits,
     # same gradients in both of its passes and through R1 (which runs the eager forward: compiled code has no
     # double backward), same state-dict keys. aot_eager: the compiled graphs without Inductor's code generation.
+    import copy
+
+    from tokenizer_posttrain.training import acceleration
     from tokenizer_posttrain.training.adversarial import AdversarialStage
 
+    monkeypatch.setattr(acceleration, "SEGMENT_BACKEND", "aot_eager")
     config = GANConfig(weight=0.5, discriminator=kind, r1_weight=1.0, r1_every=1, **SMALL)
     plain, fast = AdversarialStage(config), AdversarialStage(config)
-    fast.accelerate(lambda fn: torch.compile(fn, backend="aot_eager", dynamic=False), channels_last=True)
+    fast.accelerate(acceleration.compiled_segment, channels_last=True)
     memory_format = torch.channels_last_3d if kind == "patch3d" else torch.channels_last
     assert fast.discriminator.net[0].weight.is_contiguous(memory_format=memory_format)
     assert list(fast.state_dict()["discriminator"]) == list(plain.state_dict()["discriminator"])
@@ -203,3 +209,10 @@ def test_a_compiled_channels_last_discriminator_trains_as_the_plain_one(kind: st
     assert torch.allclose(r10, r11, rtol=1e-4)
     for a, b in zip(grads0, grads1, strict=True):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    # A deep copy (the EMA callback copies the LightningModule) judges with its own weights, not the original's.
+    twin = copy.deepcopy(fast.discriminator)
+    with torch.no_grad():
+        before = twin(real)
+        for p in fast.discriminator.parameters():
+            p.add_(1.0)
+        assert torch.equal(twin(real), before) and not torch.allclose(fast.discriminator(real), before)

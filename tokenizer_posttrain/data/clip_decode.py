@@ -14,6 +14,7 @@ crop is cut from the stored frame where it lands there, then turned upright (:mo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -70,7 +71,10 @@ class ClipReader:
         stream = decoder.stream
         stream.seek(0)
         if gpu:
-            self._container = av.open(stream, "r", hwaccel=HWAccel("cuda", allow_software_fallback=False))
+            # This rank's GPU, and its primary CUDA context (shared, not a new context per clip).
+            device = os.environ.get("LOCAL_RANK", "0")
+            hwaccel = HWAccel("cuda", device=device, allow_software_fallback=False, options={"primary_ctx": "1"})
+            self._container = av.open(stream, "r", hwaccel=hwaccel)
             try:
                 initialize_av_container(self._container)
             except BaseException:

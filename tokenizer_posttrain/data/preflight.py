@@ -6,6 +6,7 @@ import json
 import random
 import tarfile
 from pathlib import Path
+from typing import Any
 
 from ..core.errors import DataError
 from .layout import SPLIT_FILE, split_parts
@@ -151,21 +152,49 @@ def preflight(
 def check_gpu_decoding(path: str | Path, seed: int = 0) -> None:
     """For ``data.decode=gpu``: decode the first frame of one train video on the GPU's video decoder, or raise
     :class:`DataError` saying why and what to do (before any worker starts)."""
-    import io
-
-    from .clip_decode import Box, ClipReader
-
     unreadable: list[str] = []
     checked = _sample_members(train_shards(path), 1, seed, unreadable)
     if not checked:
         return  # the preflight names unreadable or empty shards
     name, data = checked[0]
+    # As the loader's workers will: in a process forked (energon forks them) after CUDA is up in its parent.
+    import multiprocessing
+    import queue
+
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.init()
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_decode_first_frame, args=(data, results), daemon=True)
+    child.start()
+    child.join(120)
+    if child.is_alive():
+        child.kill()
+        problem = "no frame after 120 s"
+    else:
+        try:
+            problem = results.get(timeout=5)
+        except queue.Empty:
+            problem = f"the check's process died (exit code {child.exitcode})"
+    if problem:
+        raise DataError(
+            f"data.decode=gpu: {name} could not be decoded on the GPU in a loader worker ({problem}); FFmpeg needs "
+            "the NVIDIA driver's video decoder (libnvcuvid; in a container, NVIDIA_DRIVER_CAPABILITIES must include "
+            "video) and CUDA in forked workers, or use data.decode=cpu"
+        )
+
+
+def _decode_first_frame(data: bytes, results: Any) -> None:
+    """In the check's worker process: "" when the first frame of ``data`` decodes on the GPU, else why not."""
+    import io
+
+    from .clip_decode import Box, ClipReader
+
     try:
         with ClipReader(io.BytesIO(data), gpu=True) as reader:
             reader.read(0, 1, Box(0, 0, 2, 2))
+        results.put("")
     except Exception as err:  # FFmpeg reports a missing device or decoder in many ways
-        raise DataError(
-            f"data.decode=gpu: {name} could not be decoded on the GPU ({type(err).__name__}: {err}); FFmpeg needs "
-            "the NVIDIA driver's video decoder (libnvcuvid; in a container, NVIDIA_DRIVER_CAPABILITIES must include "
-            "video), or use data.decode=cpu"
-        ) from None
+        results.put(f"{type(err).__name__}: {err}")

@@ -191,6 +191,9 @@ class PatchDiscriminator(nn.Module):
         # Channels-last inputs (NDHWC, or NHWC frames), the layout of cuDNN's tensor-core convolutions; set by the
         # training's acceleration switches with the weights' layout, the values are the same.
         self.channels_last = False
+        # Set by the training's acceleration switches: how the network runs (e.g. compiled), given the bound
+        # method; None runs it as it is. A function held here, not a compiled one: a deep copy stays plain.
+        self.forward_wrapper: Callable[[Callable[[Tensor], Tensor]], Callable[[Tensor], Tensor]] | None = None
         self.layers = config.layers
         self.min_size = min_input_size(config)
         dims = 2 if self.per_frame else 3
@@ -203,6 +206,17 @@ class PatchDiscriminator(nn.Module):
                     setattr(self.net, name, spectral_norm(module))
 
     def forward(self, video: Tensor) -> Tensor:
+        self._check(video)
+        run = self._run if self.forward_wrapper is None else self.forward_wrapper(self._run)
+        return run(video)
+
+    def eager(self, video: Tensor) -> Tensor:
+        """:meth:`forward` never through ``forward_wrapper`` (R1 differentiates it twice, which compiled code
+        does not support)."""
+        self._check(video)
+        return self._run(video)
+
+    def _check(self, video: Tensor) -> None:
         if video.ndim != 5 or video.shape[1] != 3:
             raise ValueError(f"the discriminator takes videos [B, 3, T, H, W]; got shape {list(video.shape)}")
         height, width = video.shape[-2:]
@@ -211,6 +225,8 @@ class PatchDiscriminator(nn.Module):
                 f"frames of {height}x{width} are too small for loss.gan.layers={self.layers}: "
                 f"they need at least {self.min_size}x{self.min_size}; lower loss.gan.layers or use larger crops"
             )
+
+    def _run(self, video: Tensor) -> Tensor:
         if self.per_frame:
             # [B, 3, T, H, W] -> [B * T, 3, H, W]: every frame is judged on its own.
             video = video.transpose(1, 2).flatten(0, 1)

@@ -226,9 +226,16 @@ class StepAcceleration:
 
     def apply_discriminator(self, stage: AdversarialStage) -> None:
         """The same switches on the GAN stage's discriminator: compiled forward passes with ``compile`` (static
-        shapes, no CUDA graphs: the stage runs between the step's graphs), channels-last with ``channels_last``."""
+        shapes, no CUDA graphs: the stage runs between the step's graphs), channels-last with ``channels_last``.
+
+        The adaptive weight differentiates the compiled graphs with ``retain_graph`` (twice, then the step's
+        backward), which AOTAutograd refuses for graphs compiled with donated buffers: those are turned off
+        (for this process) when the stage is compiled.
+        """
         cfg = self.config
-        stage.accelerate(compile_module_call if cfg.compile else None, cfg.channels_last)
+        if cfg.compile:
+            torch._functorch.config.donated_buffer = False
+        stage.accelerate(compiled_segment if cfg.compile else None, cfg.channels_last)
 
     def release(self, network: nn.Module) -> None:
         """The plain network again (training is over: export traces it as it is)."""

@@ -23,7 +23,6 @@ a run with the stage on is the same run as without it until ``disc_start``.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -58,10 +57,6 @@ class AdversarialStage:
         self.lecam = LeCam(config.lecam_decay)
         self.optimizer: torch.optim.Optimizer | None = None
         self.wrapped: nn.Module = self.discriminator
-        # The discriminator's own forward, never compiled: R1 differentiates through it twice, which compiled
-        # code does not support.
-        disc = self.discriminator
-        self._eager: Callable[[Tensor], Tensor] = functools.partial(type(disc).forward, disc)
         self.steps = 0  # discriminator optimizer steps taken (R1's cadence)
         # The adaptive weight last computed, and at which optimizer step (loss.gan.adaptive_every > 1 reuses it).
         self.adaptive: Tensor | None = None
@@ -69,17 +64,15 @@ class AdversarialStage:
         self._pending: dict[str, Any] | None = None
         self._has_grad = False
 
-    def accelerate(self, compile_forward: Callable[[Callable], Callable] | None, channels_last: bool) -> None:
+    def accelerate(self, wrapper: Callable[[Callable], Callable] | None, channels_last: bool) -> None:
         """The training's speed switches on the discriminator: its forward passes (the generator term's and the
-        discriminator step's, also inside DDP) through ``compile_forward``, and channels-last weights and
-        inputs. Neither changes its values or state-dict keys."""
+        discriminator step's, also inside DDP) through ``wrapper`` (e.g. compiled), and channels-last weights
+        and inputs. Neither changes its values or state-dict keys."""
         disc = self.discriminator
         if channels_last:
             disc.channels_last = True
             disc.to(memory_format=torch.channels_last if disc.per_frame else torch.channels_last_3d)
-        if compile_forward is not None:
-            # On the instance, so that DDP's call of the module reaches the compiled function too.
-            disc.forward = compile_forward(self._eager)
+        disc.forward_wrapper = wrapper
 
     def parameters(self) -> list[nn.Parameter]:
         return list(self.discriminator.parameters())
@@ -156,7 +149,7 @@ class AdversarialStage:
             values["lecam"] = lecam.detach()
         if cfg.r1_weight > 0 and self.steps % cfg.r1_every == 0:
             # Lazy R1: every r1_every discriminator steps, its weight scaled by r1_every.
-            r1 = r1_penalty(self._eager, real)
+            r1 = r1_penalty(self.discriminator.eager, real)
             total = total + cfg.r1_weight * cfg.r1_every * r1
             values["r1"] = r1.detach()
         (total / micro_batches).backward()

@@ -48,7 +48,8 @@ def loggers(run_dir: Path, name: str) -> list:
 class ThroughputMonitor(pl.Callback):
     """Logs ``train/clips_per_sec`` and ``train/step_time`` over the wall time of the last few batches,
     ``train/data_wait`` (the mean seconds per batch between the end of one batch and the start of the next:
-    where the loop waits for the loader), and ``train/gpu_mem_gib`` (peak allocated) on a GPU.
+    where the loop waits for the loader; gaps with a validation or a checkpoint save in them left out), and
+    ``train/gpu_mem_gib`` (peak allocated) on a GPU.
 
     The time includes data loading, and on a GPU the queue of asynchronous kernels keeps the host no more
     than a step ahead, so a ``data_wait`` near 0 means the loader kept up. Values are logged as CPU tensors: a
@@ -58,6 +59,7 @@ class ThroughputMonitor(pl.Callback):
     def __init__(self, window: int = THROUGHPUT_WINDOW) -> None:
         self._batch_ends: deque[tuple[float, int]] = deque(maxlen=window + 1)
         self._waits: deque[float] = deque(maxlen=window)
+        self._interrupted = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._batch_ends.clear()
@@ -66,8 +68,16 @@ class ThroughputMonitor(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._batch_ends:
+        if self._batch_ends and not self._interrupted:
             self._waits.append(time.perf_counter() - self._batch_ends[-1][0])
+        self._interrupted = False
+
+    # Validation and checkpoint saves run between batches too: the wait after them is not the loader's.
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._interrupted = True
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: Any) -> None:
+        self._interrupted = True
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
