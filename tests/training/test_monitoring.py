@@ -150,3 +150,14 @@ def test_the_loop_s_wait_for_the_loader_is_logged(tmp_path: Path) -> None:
         waits[delay] = logged[-1]
     assert waits[0.0] < 0.1
     assert 0.2 < waits[0.25] - waits[0.0] < 0.4
+
+
+def test_a_gap_with_validation_or_a_checkpoint_save_is_not_counted_as_loader_wait() -> None:
+    monitor = ThroughputMonitor()
+    monitor._batch_ends.append((time.perf_counter() - 5.0, 1))  # a batch that ended 5 s ago
+    for interruption in (monitor.on_validation_end, lambda *_: monitor.on_save_checkpoint(None, None, {})):
+        interruption(None, None)
+        monitor.on_train_batch_start(None, None, None, 0)  # type: ignore[arg-type]
+        assert not monitor._waits
+    monitor.on_train_batch_start(None, None, None, 1)  # type: ignore[arg-type]
+    assert len(monitor._waits) == 1 and monitor._waits[0] >= 5.0
