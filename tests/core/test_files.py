@@ -12,7 +12,7 @@ from tokenizer_posttrain.core.files import atomic_path, temporary_path
 def test_the_content_appears_under_the_name_only_when_complete(tmp_path: Path) -> None:
     target = tmp_path / "sub" / "last.ckpt"
     with atomic_path(target) as tmp:
-        assert tmp == tmp_path / "sub" / ".last.ckpt.tmp" and tmp.parent.is_dir()
+        assert tmp.parent == tmp_path / "sub" and tmp.name.startswith(".last.ckpt.") and tmp.name.endswith(".tmp")
         tmp.write_text("new")
         assert not target.exists()
     assert target.read_text() == "new" and not tmp.exists()
@@ -27,6 +27,23 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Pat
     assert target.read_text() == "old" and not list(tmp_path.glob(".*"))
 
 
-def test_the_suffix_can_stay_last_for_writers_that_read_it() -> None:
-    assert temporary_path(Path("out/clip.mp4"), keep_suffix=True) == Path("out/.clip.tmp.mp4")
-    assert temporary_path(Path("out/clip.mp4")) == Path("out/.clip.mp4.tmp")
+def test_the_suffix_can_stay_last_for_writers_that_read_it(tmp_path: Path) -> None:
+    kept = temporary_path(tmp_path / "clip.mp4", keep_suffix=True)
+    assert kept.name.startswith(".clip.") and kept.name.endswith(".tmp.mp4") and kept.is_file()
+    plain = temporary_path(tmp_path / "clip.mp4")
+    assert plain.name.startswith(".clip.mp4.") and plain.name.endswith(".tmp") and plain != kept
+
+
+def test_a_link_planted_at_the_old_fixed_temporary_name_is_not_written_through(tmp_path: Path) -> None:
+    # Others can write to a shared run folder: a link at a predictable temporary name would have made the
+    # checkpoint save overwrite whatever it points at.
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / ".last.ckpt.tmp").symlink_to(victim)
+    with atomic_path(ckpts / "last.ckpt") as tmp:
+        assert not tmp.is_symlink()
+        tmp.write_text("checkpoint")
+    assert victim.read_text() == "keep me" and (ckpts / "last.ckpt").read_text() == "checkpoint"
+    assert len({temporary_path(ckpts / "last.ckpt") for _ in range(5)}) == 5  # unpredictable, never reused

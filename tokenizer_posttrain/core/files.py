@@ -10,17 +10,25 @@ from pathlib import Path
 
 
 def temporary_path(path: Path, keep_suffix: bool = False) -> Path:
-    """The hidden name ``path`` is written under until it is complete: ``.NAME.tmp``, or
-    ``.STEM.tmp.SUFFIX`` with ``keep_suffix`` (for writers that pick the format from the suffix)."""
+    """A fresh, empty file beside ``path`` that ``path`` is written under until it is complete:
+    ``.NAME.<random>.tmp``, or ``.STEM.<random>.tmp.SUFFIX`` with ``keep_suffix`` (for writers that pick the
+    format from the suffix).
+
+    Created exclusively under an unpredictable name, so that a link planted in the folder (a run folder others
+    can write to) is never written through, as a fixed name would be.
+    """
     if keep_suffix:
-        return path.with_name(f".{path.stem}.tmp{path.suffix}")
-    return path.with_name(f".{path.name}.tmp")
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}")
+    else:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    return Path(name)
 
 
 @contextmanager
 def atomic_path(path: str | os.PathLike, keep_suffix: bool = False, fsync: bool = False) -> Iterator[Path]:
-    """Yield a temporary path to write ``path``'s content to; on success it is renamed over ``path``,
-    on any failure it is removed. A kill at any moment leaves either the old file or the new one
+    """Yield a temporary path to write ``path``'s content to (:func:`temporary_path`); on success it is renamed
+    over ``path``, on any failure it is removed. A kill at any moment leaves either the old file or the new one
     under ``path``, never a truncated one. ``fsync`` flushes the content to disk before the rename."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -38,8 +46,7 @@ def atomic_path(path: str | os.PathLike, keep_suffix: bool = False, fsync: bool 
 
 def write_bytes_atomically(path: Path, data: bytes) -> None:
     """``data`` into ``path`` through a fresh, unpredictably named temporary file renamed over it, for folders
-    others may write to: a link planted at ``path`` (or at a fixed temporary name, as :func:`atomic_path` uses) is
-    replaced, never written through."""
+    others may write to: a link planted at ``path`` is replaced, never written through."""
     fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
         with os.fdopen(fd, "wb") as f:

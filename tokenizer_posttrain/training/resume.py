@@ -36,7 +36,8 @@ def checkpoint_step(path: str | Path) -> int:
 
 
 def remove_partial_saves(ckpt_dir: Path) -> list[Path]:
-    """Delete the temporary files of saves that were interrupted (``.NAME.tmp``); only while this launch holds
+    """Delete the temporary files of saves that were interrupted (``.NAME.<random>.tmp``, and the older
+    ``.NAME.tmp``); only while this launch holds
     the run folder's lock, since a live run's save in progress looks the same."""
     removed = []
     if ckpt_dir.is_dir():
