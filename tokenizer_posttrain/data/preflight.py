@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import tarfile
 from pathlib import Path
@@ -164,6 +165,8 @@ def check_gpu_decoding(path: str | Path, seed: int = 0) -> None:
     import torch
 
     if torch.cuda.is_available():
+        # On this rank's GPU, as training will be: a context on GPU 0 from every rank would waste its memory.
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.init()
     context = multiprocessing.get_context("fork")
     results = context.Queue()
