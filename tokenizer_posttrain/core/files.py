@@ -9,30 +9,32 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def temporary_path(path: Path, keep_suffix: bool = False) -> Path:
+def temporary_path(path: Path, keep_suffix: bool = False, tag: str = "tmp") -> Path:
     """A fresh, empty file beside ``path`` that ``path`` is written under until it is complete:
-    ``.NAME.<random>.tmp``, or ``.STEM.<random>.tmp.SUFFIX`` with ``keep_suffix`` (for writers that pick the
+    ``.NAME.<random>.TAG``, or ``.STEM.<random>.TAG.SUFFIX`` with ``keep_suffix`` (for writers that pick the
     format from the suffix).
 
     Created exclusively under an unpredictable name, so that a link planted in the folder (a run folder others
     can write to) is never written through, as a fixed name would be.
     """
     if keep_suffix:
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}")
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".{tag}{path.suffix}")
     else:
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".{tag}")
     os.close(fd)
     return Path(name)
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike, keep_suffix: bool = False, fsync: bool = False) -> Iterator[Path]:
+def atomic_path(
+    path: str | os.PathLike, keep_suffix: bool = False, fsync: bool = False, tag: str = "tmp"
+) -> Iterator[Path]:
     """Yield a temporary path to write ``path``'s content to (:func:`temporary_path`); on success it is renamed
     over ``path``, on any failure it is removed. A kill at any moment leaves either the old file or the new one
     under ``path``, never a truncated one. ``fsync`` flushes the content to disk before the rename."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(target, keep_suffix)
+    tmp = temporary_path(target, keep_suffix, tag)
     try:
         yield tmp
         if fsync:
@@ -45,13 +47,7 @@ def atomic_path(path: str | os.PathLike, keep_suffix: bool = False, fsync: bool 
 
 
 def write_bytes_atomically(path: Path, data: bytes) -> None:
-    """``data`` into ``path`` through a fresh, unpredictably named temporary file renamed over it, for folders
-    others may write to: a link planted at ``path`` is replaced, never written through."""
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(partial, path)
-    finally:
-        if os.path.lexists(partial):
-            os.unlink(partial)
+    """``data`` into ``path`` through :func:`atomic_path` (as ``.NAME.<random>.partial``), for folders others
+    may write to: a link planted at ``path`` is replaced, never written through."""
+    with atomic_path(path, tag="partial") as tmp:
+        tmp.write_bytes(data)
