@@ -9,7 +9,13 @@ import torch
 
 from tests.losses.test_perceptual import SCALE, SHIFT, masked_frames_case, videos
 from tokenizer_posttrain.losses import LossConfig, build_loss
-from tokenizer_posttrain.losses.gram import GramConfig, GramTerm, gram_distance, weighted_gram_difference
+from tokenizer_posttrain.losses.gram import (
+    GramConfig,
+    GramTerm,
+    gram_distance,
+    gram_sum,
+    weighted_gram_difference,
+)
 from tokenizer_posttrain.losses.perceptual import (
     DEFAULT_LAYER_WEIGHTS,
     PerceptualConfig,
@@ -83,9 +89,22 @@ def test_nhwc_features_keep_their_memory_order() -> None:
     assert view.shape == (2, 15, 4) and view.is_contiguous() and view.data_ptr() == features.data_ptr()
 
 
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_the_gram_sums_backward_pass_is_autograds(layout: torch.memory_format) -> None:
+    # The one-product backward pass against finite differences, in either layout (fp64).
+    features = torch.randn(2, 3, 4, 5, dtype=torch.float64).contiguous(memory_format=layout).requires_grad_(True)
+    assert torch.autograd.gradcheck(gram_sum, (features,))
+    upstream = torch.randn(2, 3, 3, dtype=torch.float64)  # not symmetric: both of its triangles must count
+    (gram_sum(features) * upstream).sum().backward()
+    reference = features.detach().clone().requires_grad_(True)
+    (torch.einsum("nchw,ndhw->ncd", reference, reference) * upstream).sum().backward()
+    torch.testing.assert_close(features.grad, reference.grad)
+    assert features.grad.stride() == features.stride()
+
+
 def test_bf16_features_keep_the_digits_of_a_small_gram_difference() -> None:
     # A good reconstruction: features 1% off the target's. Two bf16 Gram products subtracted would keep almost
-    # none of the difference's digits (bf16 rounds the Grams by about 0.4%); one product of the difference does.
+    # none of the difference's digits (bf16 rounds the Grams by about 0.4%); fp32 outputs of the bf16 products do.
     generator = torch.Generator().manual_seed(0)
     tgt = torch.rand(2, 8, 16, 16, generator=generator)
     rec = tgt * (1 + 0.01 * torch.randn(tgt.shape, generator=generator))

@@ -33,22 +33,58 @@ def weighted_gram_difference(reconstruction: Tensor, target: Tensor, weight: Ten
     """``[N, C, h, w]`` features of reconstruction and target, ``[N, 1, h, w]`` weights -> ``[N, C, C]`` fp32:
     the weighted sum over positions of ``r rᵀ - t tᵀ``, the difference of the two Gram sums.
 
-    It is the symmetric part of ``(w (r - t)) (r + t)ᵀ``: one matrix product that yields the difference itself,
-    so that bf16 features keep the product on bf16 tensor cores (fp32 accumulation) and its rounding is relative
-    to the difference, not to the far larger Gram matrices a subtraction of two bf16 products would lose it in.
-    Other dtypes multiply in fp32.
+    Each Gram sum is one product of the features scaled by the weights' square roots, with fp32 output: bf16
+    features multiply on tensor cores into fp32 (CUDA) or are cast up (elsewhere), so the products of the bf16
+    values are exact up to fp32 accumulation and their difference keeps its digits (two bf16 outputs subtracted
+    would lose it in their rounding). Fractional weights round with the features to bf16. The reconstruction's
+    backward pass is one product too (:class:`_GramSum`), and nothing of the size of the features is kept for it
+    but the features themselves.
     """
     with torch.autocast(reconstruction.device.type, enabled=False):
-        dtype = torch.bfloat16 if reconstruction.dtype == torch.bfloat16 else torch.float32
-        nhwc = reconstruction.stride(1) == 1 and reconstruction.shape[1] > 1
-        rec, tgt, weight = (_positions(f, nhwc).to(dtype) for f in (reconstruction, target, weight))
-        scaled_difference = (rec - tgt) * weight
-        if nhwc:  # [N, h*w, C]: the product contracts the leading axis
-            product = torch.matmul(scaled_difference.transpose(1, 2), rec + tgt)
-        else:  # [N, C, h*w]
-            product = torch.matmul(scaled_difference, (rec + tgt).transpose(1, 2))
-        product = product.float()
-        return (product + product.transpose(1, 2)) / 2
+        root = weight.sqrt()
+        with torch.no_grad():
+            target_gram = gram_sum(target * root.to(target.dtype))
+        return _GramSum.apply(reconstruction * root.to(reconstruction.dtype)) - target_gram
+
+
+def gram_sum(features: Tensor) -> Tensor:
+    """``[N, C, h, w]`` -> ``[N, C, C]`` fp32: the sum over positions of ``f fᵀ``; differentiable
+    (:class:`_GramSum`)."""
+    return _GramSum.apply(features)
+
+
+class _GramSum(torch.autograd.Function):
+    """``f ↦ Σ_p f_p f_pᵀ`` with a backward pass of one product: ``∂L/∂f_p = (G + Gᵀ) f_p`` for the incoming
+    gradient ``G`` (autograd's own would be two products, one of them of a copy of the features)."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, features: Tensor) -> Tensor:
+        ctx.save_for_backward(features)
+        nhwc = _is_nhwc(features)
+        positions = _positions(features, nhwc)
+        # [N, C, P] x [N, P, C] either way; the layout only picks which operand is the transposed view.
+        left, right = (positions.transpose(1, 2), positions) if nhwc else (positions, positions.transpose(1, 2))
+        if positions.dtype not in (torch.bfloat16, torch.float16):
+            return torch.bmm(left, right)
+        if positions.is_cuda:
+            return torch.bmm(left, right, out_dtype=torch.float32)
+        return torch.bmm(left.float(), right.float())
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> Tensor:
+        (features,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        nhwc = _is_nhwc(features)
+        positions = _positions(features, nhwc)
+        symmetric = (grad + grad.transpose(1, 2)).to(positions.dtype)
+        if not nhwc:
+            return torch.bmm(symmetric, positions).view_as(features)
+        # [N, P, C] x [N, C, C]: the gradient comes out in the features' own (NHWC) memory order.
+        n, c, h, w = features.shape
+        return torch.bmm(positions, symmetric).view(n, h, w, c).permute(0, 3, 1, 2)
+
+
+def _is_nhwc(features: Tensor) -> bool:
+    return features.stride(1) == 1 and features.shape[1] > 1
 
 
 def _positions(features: Tensor, nhwc: bool) -> Tensor:
