@@ -10,7 +10,8 @@ pass into the reconstruction's features, for:
 * ``difference``: the previous form, rebuilt here: one bf16 product of ``w (r - t)`` and ``r + t``, symmetrised;
   autograd's backward pass (two products of feature size, their two inputs kept);
 
-each eager and under ``torch.compile``. Before timing, each path's Gram difference and gradient on the first
+each eager and under ``torch.compile``; ``sums`` also with cuBLAS told to reduce in fp32
+(``allow_bf16_reduced_precision_reduction=False``). Before timing, each path's Gram difference and gradient on the first
 frames are compared with fp64 (relative error of the Frobenius norm). Median of ``--steps`` calls after
 ``--warmup``, peak memory::
 
@@ -119,16 +120,21 @@ def main() -> None:
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True  # as a bf16-mixed fit on a GPU runs (training.acceleration)
     forms = {"sums": weighted_gram_difference, "difference": previous_difference}
-    for name, difference in forms.items():
+    # cuBLAS may reduce split-K partial sums of bf16 products in bf16 unless told not to.
+    matmul = torch.backends.cuda.matmul
+    variants = [("sums", True), ("sums_exact_reductions", False), ("difference", True)]
+    for name, reduced in variants:
+        matmul.allow_bf16_reduced_precision_reduction = reduced
+        difference = forms[name.split("_")[0]]
         for label, form in ((name, difference), (f"{name}+compile", torch.compile(difference, dynamic=False))):
             print(json.dumps({"path": label, **errors(form, 4, args.size, "cuda")}), flush=True)
-    for name, difference in forms.items():
-        value = term_value(difference, args.clips)
+    for name, reduced in variants:
+        matmul.allow_bf16_reduced_precision_reduction = reduced
+        value = term_value(forms[name.split("_")[0]], args.clips)
         for compiled in (False, True):
             fn = torch.compile(value, dynamic=False) if compiled else value
             label = f"{name}+compile" if compiled else name
             print(json.dumps(time_path(label, fn, args.frames, args.size, args.steps, args.warmup)), flush=True)
-
 
 if __name__ == "__main__":
     main()
