@@ -1,17 +1,16 @@
-"""The Gram term alone, on VGG16-sized features, forward and backward: the term's product against the
-previous one (not a test).
+"""The Gram term alone, on VGG16-sized features, forward and backward: the term's own backward pass against
+autograd's (not a test).
 
 Times one call of the Gram statistics and value of all five VGG16 layers (NHWC bf16 features of ``--frames``
 frames of ``--size`` pixels, as the perceptual pass hands them over, all positions counted) and the backward
 pass into the reconstruction's features, for:
 
-* ``sums``: :func:`tokenizer_posttrain.losses.gram.weighted_gram_difference` (each Gram sum one product with fp32
-  output, a one-product backward pass);
-* ``difference``: the previous form, rebuilt here: one bf16 product of ``w (r - t)`` and ``r + t``, symmetrised;
-  autograd's backward pass (two products of feature size, their two inputs kept);
+* ``term``: :func:`tokenizer_posttrain.losses.gram.weighted_gram_difference` (the difference of the Gram sums as
+  one product of ``w (r - t)`` and ``r + t`` with fp32 output; a backward pass of one product of ``r``);
+* ``autograd``: the same product in bf16, symmetrised, differentiated by autograd (two products of the
+  features' size in the backward pass, their two inputs kept): the form before;
 
-each eager and under ``torch.compile``; ``sums`` also with cuBLAS told to reduce in fp32
-(``allow_bf16_reduced_precision_reduction=False``). Before timing, each path's Gram difference and gradient on the first
+each eager and under ``torch.compile``. Before timing, each path's Gram difference and gradient on the first
 frames are compared with fp64 (relative error of the Frobenius norm). Median of ``--steps`` calls after
 ``--warmup``, peak memory::
 
@@ -36,7 +35,7 @@ CHANNELS = (64, 128, 256, 512, 512)
 
 
 def previous_difference(reconstruction: Tensor, target: Tensor, weight: Tensor) -> Tensor:
-    """The previous form of the term's product, NHWC only: the symmetric part of ``(w (r - t)) (r + t)ᵀ``."""
+    """The form before, NHWC only: the symmetric part of ``(w (r - t)) (r + t)ᵀ`` in bf16, autograd's backward."""
     rec, tgt, weight = (f.permute(0, 2, 3, 1).flatten(1, 2) for f in (reconstruction, target, weight))
     weight = weight.to(rec.dtype)
     product = torch.matmul(((rec - tgt) * weight).transpose(1, 2), rec + tgt).float()
@@ -119,22 +118,17 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True  # as a bf16-mixed fit on a GPU runs (training.acceleration)
-    forms = {"sums": weighted_gram_difference, "difference": previous_difference}
-    # cuBLAS may reduce split-K partial sums of bf16 products in bf16 unless told not to.
-    matmul = torch.backends.cuda.matmul
-    variants = [("sums", True), ("sums_exact_reductions", False), ("difference", True)]
-    for name, reduced in variants:
-        matmul.allow_bf16_reduced_precision_reduction = reduced
-        difference = forms[name.split("_")[0]]
+    forms = {"term": weighted_gram_difference, "autograd": previous_difference}
+    for name, difference in forms.items():
         for label, form in ((name, difference), (f"{name}+compile", torch.compile(difference, dynamic=False))):
             print(json.dumps({"path": label, **errors(form, 4, args.size, "cuda")}), flush=True)
-    for name, reduced in variants:
-        matmul.allow_bf16_reduced_precision_reduction = reduced
-        value = term_value(forms[name.split("_")[0]], args.clips)
+    for name, difference in forms.items():
+        value = term_value(difference, args.clips)
         for compiled in (False, True):
             fn = torch.compile(value, dynamic=False) if compiled else value
             label = f"{name}+compile" if compiled else name
             print(json.dumps(time_path(label, fn, args.frames, args.size, args.steps, args.warmup)), flush=True)
+
 
 if __name__ == "__main__":
     main()

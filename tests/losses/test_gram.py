@@ -13,7 +13,6 @@ from tokenizer_posttrain.losses.gram import (
     GramConfig,
     GramTerm,
     gram_distance,
-    gram_sum,
     weighted_gram_difference,
 )
 from tokenizer_posttrain.losses.perceptual import (
@@ -90,21 +89,26 @@ def test_nhwc_features_keep_their_memory_order() -> None:
 
 
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
-def test_the_gram_sums_backward_pass_is_autograds(layout: torch.memory_format) -> None:
-    # The one-product backward pass against finite differences, in either layout (fp64).
-    features = torch.randn(2, 3, 4, 5, dtype=torch.float64).contiguous(memory_format=layout).requires_grad_(True)
-    assert torch.autograd.gradcheck(gram_sum, (features,))
+def test_the_gram_differences_backward_pass_is_autograds(layout: torch.memory_format) -> None:
+    # The one-product backward pass against finite differences and against autograd of the einsum, in either
+    # layout (fp64), with fractional weights.
+    rec = torch.randn(2, 3, 4, 5, dtype=torch.float64).contiguous(memory_format=layout).requires_grad_(True)
+    tgt = torch.randn(2, 3, 4, 5, dtype=torch.float64).contiguous(memory_format=layout)
+    weight = torch.rand(2, 1, 4, 5, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda r: weighted_gram_difference(r, tgt, weight), (rec,))
     upstream = torch.randn(2, 3, 3, dtype=torch.float64)  # not symmetric: both of its triangles must count
-    (gram_sum(features) * upstream).sum().backward()
-    reference = features.detach().clone().requires_grad_(True)
-    (torch.einsum("nchw,ndhw->ncd", reference, reference) * upstream).sum().backward()
-    torch.testing.assert_close(features.grad, reference.grad)
-    assert features.grad.stride() == features.stride()
+    (weighted_gram_difference(rec, tgt, weight) * upstream).sum().backward()
+    reference = rec.detach().clone().requires_grad_(True)
+    (torch.einsum("nchw,ndhw,nhw->ncd", reference, reference, weight[:, 0]) * upstream).sum().backward()
+    torch.testing.assert_close(rec.grad, reference.grad)
+    assert rec.grad.stride() == rec.stride()
+    with pytest.raises(ValueError, match="target's features"):
+        weighted_gram_difference(rec, tgt.requires_grad_(True), weight)
 
 
 def test_bf16_features_keep_the_digits_of_a_small_gram_difference() -> None:
     # A good reconstruction: features 1% off the target's. Two bf16 Gram products subtracted would keep almost
-    # none of the difference's digits (bf16 rounds the Grams by about 0.4%); fp32 outputs of the bf16 products do.
+    # none of the difference's digits (bf16 rounds the Grams by about 0.4%); one product of the difference does.
     generator = torch.Generator().manual_seed(0)
     tgt = torch.rand(2, 8, 16, 16, generator=generator)
     rec = tgt * (1 + 0.01 * torch.randn(tgt.shape, generator=generator))

@@ -30,61 +30,64 @@ class GramConfig(TermConfig):
 
 
 def weighted_gram_difference(reconstruction: Tensor, target: Tensor, weight: Tensor) -> Tensor:
-    """``[N, C, h, w]`` features of reconstruction and target, ``[N, 1, h, w]`` weights -> ``[N, C, C]`` fp32:
-    the weighted sum over positions of ``r rᵀ - t tᵀ``, the difference of the two Gram sums.
+    """``[N, C, h, w]`` features of reconstruction and target, ``[N, 1, h, w]`` weights -> ``[N, C, C]`` fp32
+    (fp64 for fp64 features): the weighted sum over positions of ``r rᵀ - t tᵀ``, the difference of the two Gram
+    sums; differentiable in the reconstruction only.
 
-    Each Gram sum is one product of the features scaled by the weights' square roots, with fp32 output: bf16
-    features multiply on tensor cores into fp32 (CUDA) or are cast up (elsewhere), so the products of the bf16
-    values are exact up to fp32 accumulation and their difference keeps its digits (two bf16 outputs subtracted
-    would lose it in their rounding). Fractional weights round with the features to bf16. The reconstruction's
-    backward pass is one product too (:class:`_GramSum`), and nothing of the size of the features is kept for it
-    but the features themselves.
+    It is the symmetric part of ``(w (r - t)) (r + t)ᵀ``: one product that yields the difference itself, so its
+    rounding is relative to the difference, not to the far larger Gram sums that two products subtracted would
+    lose it in (in fp32 too, over the 65536 positions of a 256x256 frame). bf16 features multiply on tensor cores
+    into fp32 (CUDA) or are cast up (elsewhere). The backward pass is one product of the reconstruction's
+    features, ``∂L/∂r_p = w_p (G + Gᵀ) r_p`` for the incoming gradient ``G`` (:class:`_GramDifference`); nothing
+    of the features' size is kept for it but the features themselves.
     """
+    if target.requires_grad:
+        raise ValueError("weighted_gram_difference: the target's features must not need gradients")
     with torch.autocast(reconstruction.device.type, enabled=False):
-        root = weight.sqrt()
-        with torch.no_grad():
-            target_gram = gram_sum(target * root.to(target.dtype))
-        return _GramSum.apply(reconstruction * root.to(reconstruction.dtype)) - target_gram
+        return _GramDifference.apply(reconstruction, target, weight)
 
 
-def gram_sum(features: Tensor) -> Tensor:
-    """``[N, C, h, w]`` -> ``[N, C, C]`` fp32: the sum over positions of ``f fᵀ``; differentiable
-    (:class:`_GramSum`)."""
-    return _GramSum.apply(features)
-
-
-class _GramSum(torch.autograd.Function):
-    """``f ↦ Σ_p f_p f_pᵀ`` with a backward pass of one product: ``∂L/∂f_p = (G + Gᵀ) f_p`` for the incoming
-    gradient ``G`` (autograd's own would be two products, one of them of a copy of the features)."""
+class _GramDifference(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, rec: Tensor, tgt: Tensor, weight: Tensor) -> Tensor:
+        ctx.save_for_backward(rec, weight)
+        dtype = rec.dtype
+        tgt = tgt.to(dtype)
+        scaled_difference, total = (rec - tgt) * weight.to(dtype), rec + tgt
+        left, right = _channels_by_positions(scaled_difference), _positions_by_channels(total)
+        if dtype not in (torch.bfloat16, torch.float16):
+            product = torch.bmm(left, right)
+        elif rec.is_cuda:
+            product = torch.bmm(left, right, out_dtype=torch.float32)
+        else:
+            product = torch.bmm(left.float(), right.float())
+        return (product + product.transpose(1, 2)) / 2
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, features: Tensor) -> Tensor:
-        ctx.save_for_backward(features)
-        nhwc = _is_nhwc(features)
-        positions = _positions(features, nhwc)
-        # [N, C, P] x [N, P, C] either way; the layout only picks which operand is the transposed view.
-        left, right = (positions.transpose(1, 2), positions) if nhwc else (positions, positions.transpose(1, 2))
-        if positions.dtype not in (torch.bfloat16, torch.float16):
-            return torch.bmm(left, right)
-        if positions.is_cuda:
-            return torch.bmm(left, right, out_dtype=torch.float32)
-        return torch.bmm(left.float(), right.float())
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> Tensor:
-        (features,) = ctx.saved_tensors  # type: ignore[attr-defined]
-        nhwc = _is_nhwc(features)
-        positions = _positions(features, nhwc)
-        symmetric = (grad + grad.transpose(1, 2)).to(positions.dtype)
-        if not nhwc:
-            return torch.bmm(symmetric, positions).view_as(features)
-        # [N, P, C] x [N, C, C]: the gradient comes out in the features' own (NHWC) memory order.
-        n, c, h, w = features.shape
-        return torch.bmm(positions, symmetric).view(n, h, w, c).permute(0, 3, 1, 2)
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None, None]:
+        rec, weight = ctx.saved_tensors  # type: ignore[attr-defined]
+        symmetric = (grad + grad.transpose(1, 2)).to(rec.dtype)
+        n, c, h, w = rec.shape
+        if _is_nhwc(rec):
+            # [N, P, C] x [N, C, C]: the gradient comes out in the features' own (NHWC) memory order.
+            product = torch.bmm(_positions_by_channels(rec), symmetric).view(n, h, w, c).permute(0, 3, 1, 2)
+        else:
+            product = torch.bmm(symmetric, _channels_by_positions(rec)).view(n, c, h, w)
+        return product * weight.to(rec.dtype), None, None
 
 
 def _is_nhwc(features: Tensor) -> bool:
     return features.stride(1) == 1 and features.shape[1] > 1
+
+
+def _channels_by_positions(features: Tensor) -> Tensor:
+    """``[N, C, h, w]`` -> ``[N, C, h*w]``, a view wherever the layout allows (a transposed one of NHWC)."""
+    return _positions(features, True).transpose(1, 2) if _is_nhwc(features) else _positions(features, False)
+
+
+def _positions_by_channels(features: Tensor) -> Tensor:
+    """``[N, C, h, w]`` -> ``[N, h*w, C]``, a view wherever the layout allows."""
+    return _positions(features, True) if _is_nhwc(features) else _positions(features, False).transpose(1, 2)
 
 
 def _positions(features: Tensor, nhwc: bool) -> Tensor:
