@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -78,8 +79,23 @@ def test_member_scan_stops_at_the_cut_and_says_where(two_shards: Path) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the decoder may well work")
-def test_gpu_decoding_without_a_gpu_is_refused_in_one_line(two_shards: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_gpu_decoding_without_a_gpu_is_refused_in_one_line(two_shards: Path, workers: int) -> None:
     from tokenizer_posttrain.data.preflight import check_gpu_decoding
 
-    with pytest.raises(DataError, match=r"^data\.decode=gpu: .* could not be decoded on the GPU .*data\.decode=cpu$"):
-        check_gpu_decoding(two_shards)
+    # Without a video decoder it fails in the training process already, whether or not workers would decode.
+    pattern = r"^data\.decode=gpu: \S+ could not be decoded on the GPU \(.+\); .*data\.decode=cpu$"
+    with pytest.raises(DataError, match=pattern):
+        check_gpu_decoding(two_shards, workers)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the decoder may well work")
+def test_the_forked_gpu_check_reports_the_workers_error(two_shards: Path) -> None:
+    # The worker-side half of the check: the forked process decodes and sends back why it could not.
+    from tokenizer_posttrain.data.preflight import _first_frame_problem, _forked_first_frame_problem
+
+    with tarfile.open(two_shards / "train0.tar") as tar:
+        member = next(m for m in tar if m.name.endswith(".mp4"))
+        video = tar.extractfile(member).read()
+    forked = _forked_first_frame_problem(video)
+    assert forked and forked == _first_frame_problem(video)

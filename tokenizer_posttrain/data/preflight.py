@@ -150,24 +150,46 @@ def preflight(
     return damaged + unreadable + bad
 
 
-def check_gpu_decoding(path: str | Path, seed: int = 0) -> None:
-    """For ``data.decode=gpu``: decode the first frame of one train video on the GPU's video decoder, or raise
-    :class:`DataError` saying why and what to do (before any worker starts)."""
+def check_gpu_decoding(path: str | Path, num_workers: int, seed: int = 0) -> None:
+    """For ``data.decode=gpu``: decode the first frame of one train video on this rank's GPU, where the loader
+    will decode it, or raise :class:`DataError` saying what failed and what to do (before any worker starts).
+
+    It decodes in this process first (does the driver give FFmpeg a video decoder at all?), then, when loader
+    workers decode (``num_workers`` > 0), in a process forked after CUDA is up, as energon forks its workers.
+    """
     unreadable: list[str] = []
     checked = _sample_members(train_shards(path), 1, seed, unreadable)
     if not checked:
         return  # the preflight names unreadable or empty shards
     name, data = checked[0]
-    # As the loader's workers will: in a process forked (energon forks them) after CUDA is up in its parent.
-    import multiprocessing
-    import queue
-
     import torch
 
     if torch.cuda.is_available():
         # On this rank's GPU, as training will be: a context on GPU 0 from every rank would waste its memory.
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.init()
+    here = _first_frame_problem(data)
+    if here:
+        raise DataError(
+            f"data.decode=gpu: {name} could not be decoded on the GPU ({here}); FFmpeg needs the NVIDIA driver's "
+            "video decoder (libnvcuvid; in a container, NVIDIA_DRIVER_CAPABILITIES must include video), or use "
+            "data.decode=cpu"
+        )
+    forked = _forked_first_frame_problem(data) if num_workers > 0 else ""
+    if forked:
+        raise DataError(
+            f"data.decode=gpu: {name} decodes on the GPU in the training process but not in a loader worker "
+            f"({forked}): energon forks its workers, and CUDA does not work in a process forked after it started; "
+            "set data.num_workers=0 (the training process then decodes, while the GPU runs the step it was "
+            "given) or use data.decode=cpu"
+        )
+
+
+def _forked_first_frame_problem(data: bytes) -> str:
+    """:func:`_first_frame_problem` in a forked process, as in a loader worker; "" when it decodes."""
+    import multiprocessing
+    import queue
+
     context = multiprocessing.get_context("fork")
     results = context.Queue()
     child = context.Process(target=_decode_first_frame, args=(data, results), daemon=True)
@@ -175,22 +197,15 @@ def check_gpu_decoding(path: str | Path, seed: int = 0) -> None:
     child.join(120)
     if child.is_alive():
         child.kill()
-        problem = "no frame after 120 s"
-    else:
-        try:
-            problem = results.get(timeout=5)
-        except queue.Empty:
-            problem = f"the check's process died (exit code {child.exitcode})"
-    if problem:
-        raise DataError(
-            f"data.decode=gpu: {name} could not be decoded on the GPU in a loader worker ({problem}); FFmpeg needs "
-            "the NVIDIA driver's video decoder (libnvcuvid; in a container, NVIDIA_DRIVER_CAPABILITIES must include "
-            "video) and CUDA in forked workers, or use data.decode=cpu"
-        )
+        return "no frame after 120 s"
+    try:
+        return results.get(timeout=5)
+    except queue.Empty:
+        return f"the check's process died (exit code {child.exitcode})"
 
 
-def _decode_first_frame(data: bytes, results: Any) -> None:
-    """In the check's worker process: "" when the first frame of ``data`` decodes on the GPU, else why not."""
+def _first_frame_problem(data: bytes) -> str:
+    """ "" when the first frame of ``data`` decodes on the GPU, else why not."""
     import io
 
     from .clip_decode import Box, ClipReader
@@ -198,6 +213,11 @@ def _decode_first_frame(data: bytes, results: Any) -> None:
     try:
         with ClipReader(io.BytesIO(data), gpu=True) as reader:
             reader.read(0, 1, Box(0, 0, 2, 2))
-        results.put("")
+        return ""
     except Exception as err:  # FFmpeg reports a missing device or decoder in many ways
-        results.put(f"{type(err).__name__}: {err}")
+        return f"{type(err).__name__}: {err}"
+
+
+def _decode_first_frame(data: bytes, results: Any) -> None:
+    """In the check's worker process: put :func:`_first_frame_problem` of ``data`` on ``results``."""
+    results.put(_first_frame_problem(data))

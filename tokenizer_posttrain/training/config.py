@@ -166,8 +166,9 @@ class DataConfig:
     keyframe_window: int = 4
     """With data.start=keyframe: the frames after a keyframe a clip may start at (0: only at keyframes)."""
     decode: str = "cpu"
-    """Where loader workers decode video: ``cpu`` (FFmpeg's software decoders) or ``gpu`` (the GPU's video
-    decoder, NVDEC, through FFmpeg; checked at launch; each worker then holds a CUDA context)."""
+    """Where the loader decodes video: ``cpu`` (FFmpeg's software decoders) or ``gpu`` (the GPU's video
+    decoder, NVDEC, through FFmpeg; checked at launch; each worker then holds a CUDA context, and energon's
+    forked workers may not get one: then data.num_workers=0 decodes in the training process)."""
     aspect_buckets: bool = False
     """Crop at the aspect bucket (1:1, 4:3, 3:4, 16:9, 9:16) nearest each video, at the pixel budget
     height x width; each batch holds one bucket."""

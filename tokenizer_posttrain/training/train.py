@@ -199,7 +199,7 @@ def check_data(data: DataConfig, world_size: int, seed: int) -> None:
 
     check_worker_share(data.path, world_size, data.num_workers)
     if data.decode == "gpu":
-        check_gpu_decoding(data.path, seed)
+        check_gpu_decoding(data.path, data.num_workers, seed)
     problems = preflight(
         data.path,
         data.frames,
