@@ -41,6 +41,7 @@ mkdir -p "$out" "$work"
 # LOOP and FAST replace the defaults (e.g. a small CPU try: LOOP="--size 64 --micro-batch 1 --frames 9" FAST="").
 loop="benchmarks/ddp_scaling.py ${LOOP:---micro-batch 8}"
 fast=${FAST-model.compile=true model.channels_last=true model.cuda_graphs=true}
+extra=${EXTRA:-}  # more overrides for every run, e.g. EXTRA="data.prefetch=6"
 
 needed=()
 for name in $data; do
@@ -79,9 +80,9 @@ for loss in $losses; do
       log="$folder.log"
       # shellcheck disable=SC2086  # word lists
       torchrun --nproc-per-node 1 $loop --workers "$w" --steps "$steps" --warmup "$warmup" --out "$folder" \
-        $flag $source $fast "model.compile_cache=$work/compile_cache_$loss" >"$log" 2>&1
+        $flag $source $fast $extra "model.compile_cache=$work/compile_cache_$loss" >"$log" 2>&1
       line=$(grep -E '^\{"run"' "$log" | tail -1)
-      echo "{\"data\": \"$name\", \"loss\": \"$loss\", \"workers\": $w, \"wall_s\": $(($(date +%s) - began)), \"result\": ${line:-null}}" |
+      echo "{\"data\": \"$name\", \"loss\": \"$loss\", \"workers\": $w, \"extra\": \"$extra\", \"wall_s\": $(($(date +%s) - began)), \"result\": ${line:-null}}" |
         tee -a "$out/real_footage.jsonl"
       { echo "=== $name $loss $w"; grep -E '^[A-Za-z_.]*(Error|Exception|Busy)\b' "$log" | head -n 5
         tail -n 15 "$log"; } >>"$out/real_footage.log"

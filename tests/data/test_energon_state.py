@@ -73,6 +73,19 @@ def test_a_restored_loader_continues_where_the_saved_one_stopped(dataset: Path, 
     assert len({k for batch in uninterrupted for k in batch[KEYS]}) > 1  # it really moves through the videos
 
 
+def test_a_state_restores_into_a_loader_that_prefetches_more(dataset: Path) -> None:
+    # data.prefetch is a speed switch: a run may resume with another one and still continue where it stopped.
+    first = datamodule(dataset, 1)
+    stream = iter(first.train_dataloader())
+    [next(stream) for _ in range(2)]
+    saved = through_a_file(first.state_dict())
+    uninterrupted = [next(stream) for _ in range(3)]
+    resumed = datamodule(dataset, 1, prefetch=4)
+    resumed.load_state_dict(saved)
+    assert_same_batches(take(resumed, 3), uninterrupted)
+    assert resumed._train_loader.prefetch_factor == 4
+
+
 def nodes(value: Any) -> list[dict]:  # noqa: ANN401
     """Every tagged dict of a stored state."""
     found = []

@@ -68,6 +68,8 @@ def test_non_positive_rates_are_refused() -> None:
         (lambda: DataConfig(start="keyframe", keyframe_window=-1), "data.keyframe_window"),
         (lambda: DataConfig(keyframe_window=2.5), "data.keyframe_window"),
         (lambda: DataConfig(decode="nvdec"), "data.decode"),
+        (lambda: DataConfig(prefetch=0), "data.prefetch"),
+        (lambda: DataConfig(prefetch=1.5), "data.prefetch"),
     ],
 )
 def test_clip_start_settings_are_checked_with_their_key(make, key: str) -> None:  # noqa: ANN001

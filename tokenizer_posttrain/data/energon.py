@@ -71,6 +71,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         spec: ClipSpec,
         micro_batch_size: int,
         num_workers: int,
+        prefetch: int = 2,
         shuffle_buffer_size: int = 100,
         max_samples_per_sequence: int = 100,
         seed: int = 0,
@@ -81,6 +82,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         self.spec = spec
         self.micro_batch_size = micro_batch_size
         self.num_workers = num_workers
+        self.prefetch = prefetch
         self.shuffle_buffer_size = shuffle_buffer_size
         self.max_samples_per_sequence = max_samples_per_sequence
         self.seed = seed
@@ -108,7 +110,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
                 max_samples_per_sequence=self.max_samples_per_sequence,
                 task_encoder=VideoClipTaskEncoder(self.spec),
             )
-            self._train_loader = get_savable_loader(dataset)
+            self._train_loader = get_savable_loader(dataset, prefetch_factor=self.prefetch)
             if self._restore_state is not None:
                 self._train_loader.restore_state_global(self._restore_state)
                 self._restore_state = None

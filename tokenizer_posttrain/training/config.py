@@ -149,6 +149,10 @@ class DataConfig:
     """Clips per GPU per forward pass."""
     num_workers: int = 2
     """Data loader worker processes per GPU."""
+    prefetch: int = 2
+    """Batches each loader worker may prepare ahead (energon's prefetch_factor). The loader hands batches over
+    in order, so while it waits for one worker's batch the others can only work this far ahead; each costs a
+    micro-batch of shared memory."""
     frames: int = CLIP_FRAMES
     """Frames per clip (1 + 8k for the 8x temporal models)."""
     height: int = CLIP_SIZE
@@ -193,6 +197,8 @@ class DataConfig:
             value = getattr(self, key)
             _require(value > 0, f"data.{key}", value, "must be positive")
         _require(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
+        prefetch_ok = isinstance(self.prefetch, int) and not isinstance(self.prefetch, bool) and self.prefetch > 0
+        _require(prefetch_ok, "data.prefetch", self.prefetch, "must be a positive number of batches")
         _require(
             isinstance(self.synthetic_cache, bool), "data.synthetic_cache", self.synthetic_cache, "use true or false"
         )

@@ -184,6 +184,7 @@ def build_datamodule(
         spec,
         micro_batch_size=data.micro_batch_size,
         num_workers=data.num_workers,
+        prefetch=data.prefetch,
         shuffle_buffer_size=data.shuffle_buffer_size,
         max_samples_per_sequence=data.max_samples_per_sequence,
         seed=seed,
