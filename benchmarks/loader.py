@@ -103,8 +103,10 @@ def reader_clip(data: bytes, rng: random.Random, threads: int | None = None) -> 
 
 
 def loader_clips(path: Path, spec: ClipSpec, workers: int) -> Iterator[object]:
-    dm = EnergonVideoDataModule(str(path), spec, micro_batch_size=1, num_workers=workers)
-    return iter(dm.train_dataloader())
+    """One clip per step: batches of one decode's crops, unpacked."""
+    dm = EnergonVideoDataModule(str(path), spec, micro_batch_size=spec.crops_per_decode, num_workers=workers)
+    for batch in dm.train_dataloader():
+        yield from batch["video"]
 
 
 def row(data: str, path_name: str, workers: int | str, wall: list[float], per_cpu: list[float]) -> dict:
@@ -133,6 +135,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--starts", nargs="+", choices=["uniform", "keyframe"], default=["uniform"], help="data.start of the loader"
+    )
+    parser.add_argument(
+        "--crops-per-decode", type=int, nargs="+", default=[1], help="data.crops_per_decode of the loader"
     )
     parser.add_argument("--no-decode-only", action="store_true", help="time the train loader only")
     parser.add_argument(
@@ -173,14 +178,14 @@ def main() -> None:
                 wall, per_cpu = timed_windows(lambda d=decode, r=rng, b=data: d(b, r), args.clips, args.repeats)
                 results.append(row(data_name, f"decode only: {path_name}", "-", wall, per_cpu))
                 print(json.dumps(results[-1]), flush=True)
-            for start in args.starts:
-                spec = ClipSpec(frames=FRAMES, height=CROP, width=CROP, start=start)
+            for start, crops in ((s, c) for s in args.starts for c in args.crops_per_decode):
+                spec = ClipSpec(frames=FRAMES, height=CROP, width=CROP, start=start, crops_per_decode=crops)
                 for workers in args.workers:
                     it = loader_clips(path, spec, workers)
                     for _ in range(max(4, 2 * workers)):  # warm up: workers started, first clips decoded
                         next(it)
                     wall, per_cpu = timed_windows(lambda it=it: next(it), args.clips, args.repeats)
-                    name = f"train loader (energon + TaskEncoder), data.start={start}"
+                    name = f"train loader (energon + TaskEncoder), data.start={start}, crops_per_decode={crops}"
                     results.append(row(data_name, name, workers, wall, per_cpu))
                     print(json.dumps(results[-1]), flush=True)
                     del it

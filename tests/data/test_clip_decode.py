@@ -88,6 +88,18 @@ def test_the_clip_holds_exactly_the_requested_frames() -> None:
         assert int(np.argmin(errors)) == start
 
 
+def test_crops_of_one_decode_equal_separate_reads() -> None:
+    data = encode_video(12, 64, 96)
+    boxes = [Box(0, 0, 24, 40), Box(3, 5, 24, 40), Box(24, 24, 24, 40)]
+    with ClipReader(io.BytesIO(data)) as reader:
+        crops = reader.read_crops(2, 5, boxes, size=(64, 48))
+        for crop, box in zip(crops, boxes, strict=True):
+            assert crop.shape == (3, 5, 24, 40)
+            torch.testing.assert_close(crop, reader.read(2, 5, box, size=(64, 48)), rtol=0, atol=0)
+        with pytest.raises(ValueError, match="at least one box"):
+            reader.read_crops(0, 1, [])
+
+
 def test_resize_then_crop() -> None:
     data = encode_video(12, 64, 96)
     size = (48, 32)
@@ -122,6 +134,10 @@ def test_turned_videos_come_out_upright(rotation: int, mirror: bool, turn: Orien
             clip = reader.read(2, 5, box)
             assert clip.shape == (3, 5, box.height, box.width)
             assert_matches(clip, shown[2:7, box.top : box.top + box.height, box.left : box.left + box.width])
+        # Several crops of one decode are the crops one read each gives.
+        boxes = [Box(0, 0, 16, 16), Box(3, 5, 16, 16), Box(height - 16, width - 16, 16, 16)]
+        for one, box in zip(reader.read_crops(2, 5, boxes), boxes, strict=True):
+            torch.testing.assert_close(one, reader.read(2, 5, box), rtol=0, atol=0)
         # a resize is given as displayed too: (width, height) of the upright picture
         size = (width // 2, height // 2)
         clip = reader.read(0, 3, Box(0, 0, size[1], size[0]), size=size)

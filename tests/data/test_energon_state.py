@@ -73,6 +73,26 @@ def test_a_restored_loader_continues_where_the_saved_one_stopped(dataset: Path, 
     assert len({k for batch in uninterrupted for k in batch[KEYS]}) > 1  # it really moves through the videos
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_restored_loader_with_several_crops_per_decode_continues_where_it_stopped(
+    dataset: Path, workers: int
+) -> None:
+    spec = ClipSpec(frames=9, height=16, width=16, crops_per_decode=2)
+
+    def module() -> EnergonVideoDataModule:
+        return EnergonVideoDataModule(str(dataset), spec, micro_batch_size=2, num_workers=workers, seed=3)
+
+    first = module()
+    stream = iter(first.train_dataloader())
+    [next(stream) for _ in range(3)]
+    saved = through_a_file(first.state_dict())
+    uninterrupted = [next(stream) for _ in range(3)]
+    assert all(len(set(batch[KEYS])) == 1 for batch in uninterrupted)  # a micro-batch: one decode's crops
+    resumed = module()
+    resumed.load_state_dict(saved)
+    assert_same_batches(take(resumed, 3), uninterrupted)
+
+
 def test_a_state_restores_into_a_loader_that_prefetches_more(dataset: Path) -> None:
     # data.prefetch is a speed switch: a run may resume with another one and still continue where it stopped.
     first = datamodule(dataset, 1)

@@ -93,6 +93,41 @@ def test_crops_are_uniformly_random_and_cover_the_clip(position_dataset: Path) -
     assert grey == [grey[0] + i for i in range(9)]
 
 
+def test_crops_of_one_decode_share_its_frames_and_draw_their_own_places(position_dataset: Path) -> None:
+    spec = ClipSpec(frames=9, height=16, width=16, crops_per_decode=3, hflip=True)
+    drawn = batches(position_dataset, spec, 8, micro_batch_size=3)
+    origins, flipped = [], []
+    for batch in drawn:  # one decode per micro-batch of 3: one video, one start, the places their own
+        assert batch[VIDEO].shape == (3, 3, 9, 16, 16) and batch[LOSS_MASK].shape == (3, 1, 9, 16, 16)
+        assert len(set(batch[KEYS])) == 1 and batch[ASPECT_RATIO].tolist() == [1.0] * 3
+        clips = [clip.flip(-1) if _flipped(clip) else clip for clip in batch[VIDEO]]
+        assert len({_origin(clip)[0] for clip in clips}) == 1
+        origins += [_origin(clip) for clip in clips]
+        flipped += [_flipped(clip) for clip in batch[VIDEO]]
+    assert len({origin[1:] for origin in origins}) > 8
+    assert len({origin[0] for origin in origins}) > 2
+    assert 0 < sum(flipped) < len(flipped)  # a flip of its own too
+    # Validation still takes one centre crop per video, a full micro-batch of videos.
+    (val,) = list(EnergonVideoDataModule(str(position_dataset), spec, 3, 0).val_dataloader())
+    assert val[VIDEO].shape[0] == 1
+    with pytest.raises(ValueError, match="micro_batch_size=2 must be a multiple of crops_per_decode=3"):
+        EnergonVideoDataModule(str(position_dataset), spec, 2, 0)
+
+
+def _flipped(clip: torch.Tensor) -> bool:
+    """Whether a crop of :func:`position_video` is mirrored (G, which ramps with x, falls)."""
+    return bool(clip[1, 0, 0, 0] > clip[1, 0, 0, -1])
+
+
+def test_one_crop_per_decode_is_the_stream_there_was_before(position_dataset: Path) -> None:
+    spec = ClipSpec(frames=9, height=16, width=16, hflip=True)
+    explicit = ClipSpec(frames=9, height=16, width=16, hflip=True, crops_per_decode=1)
+    for a, b in zip(batches(position_dataset, spec, 6), batches(position_dataset, explicit, 6), strict=True):
+        assert torch.equal(a[VIDEO], b[VIDEO])
+    with pytest.raises(ValueError, match="crops_per_decode=0 must be an integer >= 1"):
+        ClipSpec(crops_per_decode=0)
+
+
 def test_keyframe_starts_begin_at_or_just_after_a_keyframe(tmp_path: Path) -> None:
     # Keyframes at 0, 8, 16, 24 of 25 frames; clips of 9 start at most at 16, so 24 is too late for one.
     video = position_video(25, 48, 64, gop=8)

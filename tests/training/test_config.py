@@ -69,6 +69,8 @@ def test_non_positive_rates_are_refused() -> None:
         (lambda: DataConfig(keyframe_window=2.5), "data.keyframe_window"),
         (lambda: DataConfig(decode="nvdec"), "data.decode"),
         (lambda: DataConfig(prefetch=0), "data.prefetch"),
+        (lambda: DataConfig(crops_per_decode=0), "data.crops_per_decode"),
+        (lambda: DataConfig(crops_per_decode=2, micro_batch_size=3), "data.crops_per_decode"),
         (lambda: DataConfig(prefetch=1.5), "data.prefetch"),
     ],
 )

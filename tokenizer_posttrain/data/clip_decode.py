@@ -15,7 +15,7 @@ crop is cut from the stored frame where it lands there, then turned upright (:mo
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -145,42 +145,64 @@ class ClipReader:
         cropped to ``box`` (both as displayed, like ``width`` and ``height``): RGB in [-1, 1] as
         ``dtype``, ``[3, T, box.height, box.width]`` (the layout the tokenizers take), upright. Fewer
         than ``count`` frames when the file ends early."""
+        return self.read_crops(start, count, [box], size, dtype)[0]
+
+    def read_crops(
+        self,
+        start: int,
+        count: int,
+        boxes: Sequence[Box],
+        size: tuple[int, int] | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> list[torch.Tensor]:
+        """:meth:`read` of each of ``boxes`` from one decode of the frames: the decoding, which costs the
+        same whatever is cut from a frame, is paid once for all crops."""
         if start < 0 or count < 1 or start + count > self.frames:
             raise ValueError(f"frames {start} to {start + count - 1} of a {self.frames}-frame video")
+        if not boxes:
+            raise ValueError("read_crops needs at least one box")
         turn = self.orientation
-        if not turn.is_identity:
-            # Resize and crop the stored frame where the displayed box lands on it; turn the crop after.
-            if size is not None and turn.swaps_sides:
-                size = (size[1], size[0])
-            stored_width, stored_height = size or self._stored
-            box = Box(*turn.stored_box(box.top, box.left, box.height, box.width, stored_width, stored_height))
-            clip = self._read_stored(start, count, box, size, dtype)
-            return turn.apply_torch(clip).contiguous()
-        return self._read_stored(start, count, box, size, dtype)
+        if turn.is_identity:
+            return self._read_stored(start, count, boxes, size, dtype)
+        # Resize and crop the stored frame where each displayed box lands on it; turn the crops after.
+        if size is not None and turn.swaps_sides:
+            size = (size[1], size[0])
+        stored_width, stored_height = size or self._stored
+        stored = [Box(*turn.stored_box(b.top, b.left, b.height, b.width, stored_width, stored_height)) for b in boxes]
+        return [turn.apply_torch(clip).contiguous() for clip in self._read_stored(start, count, stored, size, dtype)]
 
     def _read_stored(
-        self, start: int, count: int, box: Box, size: tuple[int, int] | None, dtype: torch.dtype
-    ) -> torch.Tensor:
-        planes, rgb, frame = [], [], None
+        self, start: int, count: int, boxes: Sequence[Box], size: tuple[int, int] | None, dtype: torch.dtype
+    ) -> list[torch.Tensor]:
+        planes: list[list] = [[] for _ in boxes]
+        rgb: list[list] = [[] for _ in boxes]
+        frame, decoded = None, 0
         for frame in self._decoded(start, count):
-            if len(planes) + len(rgb) == count:
+            if decoded == count:
                 break
+            decoded += 1
             if size is not None and (frame.width, frame.height) != size:
-                # Resizing stays in YUV; only the crop is converted to RGB below.
+                # Resizing stays in YUV; only the crops are converted to RGB below.
                 frame = frame.reformat(width=size[0], height=size[1], interpolation="BILINEAR")
-            if frame.height < box.top + box.height or frame.width < box.left + box.width:
-                raise ValueError(f"frame {frame.width}x{frame.height} does not hold the crop {box}")
-            if frame.format.name in _YUV420 and not rgb:
-                planes.append(_crop_planes(frame, box))
-            elif frame.format.name == "nv12" and not rgb:  # what the GPU's decoder hands back
-                planes.append(_crop_planes(frame, box, interleaved=True))
-            else:
-                rgb.append(_crop_rgb(frame, box))
+            for index, box in enumerate(boxes):
+                if frame.height < box.top + box.height or frame.width < box.left + box.width:
+                    raise ValueError(f"frame {frame.width}x{frame.height} does not hold the crop {box}")
+                if frame.format.name in _YUV420 and not rgb[index]:
+                    planes[index].append(_crop_planes(frame, box))
+                elif frame.format.name == "nv12" and not rgb[index]:  # what the GPU's decoder hands back
+                    planes[index].append(_crop_planes(frame, box, interleaved=True))
+                else:
+                    rgb[index].append(_crop_rgb(frame, box))
+        return [self._assembled(p, r, frame, box, dtype) for p, r, box in zip(planes, rgb, boxes, strict=True)]
+
+    @staticmethod
+    def _assembled(planes: list, rgb: list, frame: av.VideoFrame | None, box: Box, dtype: torch.dtype) -> torch.Tensor:
+        """One crop's ``[3, T, h, w]`` clip from its frames' YUV planes or RGB pictures."""
         if planes and rgb:
             raise ValueError("the pixel format changes inside the clip")
         if rgb:
             return torch.stack(rgb, dim=1).float().div_(127.5).sub_(1.0).to(dtype)
-        if not planes:
+        if not planes or frame is None:
             return torch.empty(3, 0, box.height, box.width, dtype=dtype)
         y, u, v = (torch.from_numpy(np.stack(p)) for p in zip(*planes, strict=True))
         full_range = int(frame.color_range) == _FULL_RANGE or frame.format.name == "yuvj420p"

@@ -78,6 +78,10 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         skip_pickled_states: bool = False,
     ) -> None:
         super().__init__()
+        if micro_batch_size % spec.crops_per_decode:
+            raise ValueError(
+                f"micro_batch_size={micro_batch_size} must be a multiple of crops_per_decode={spec.crops_per_decode}"
+            )
         self.path = str(path)
         self.spec = spec
         self.micro_batch_size = micro_batch_size
@@ -105,7 +109,8 @@ class EnergonVideoDataModule(pl.LightningDataModule):
             dataset = get_train_dataset(
                 self.path,
                 worker_config=self._worker_config(self.num_workers),
-                batch_size=self.micro_batch_size,
+                # Each sample holds the crops of one decode: fewer samples make the micro-batch.
+                batch_size=self.micro_batch_size // self.spec.crops_per_decode,
                 shuffle_buffer_size=self.shuffle_buffer_size,
                 max_samples_per_sequence=self.max_samples_per_sequence,
                 task_encoder=VideoClipTaskEncoder(self.spec),
@@ -119,7 +124,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
     def val_dataloader(self) -> Any:
         if not self.has_validation:
             return []
-        spec = ClipSpec(**{**self.spec.__dict__, "random_crop": False, "hflip": False})
+        spec = ClipSpec(**{**self.spec.__dict__, "random_crop": False, "hflip": False, "crops_per_decode": 1})
         dataset = get_val_dataset(
             self.path,
             # In the main process: validation reads a batch or two, and energon's worker processes

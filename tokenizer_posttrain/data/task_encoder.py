@@ -188,8 +188,15 @@ class ClipSpec:
     """Bucket sides are rounded to this (the tokenizers' spatial compression)."""
     random_crop: bool = True
     """False: the middle frames and the centre crop (deterministic validation)."""
+    crops_per_decode: int = 1
+    """Random crops cut from each decoded stretch of frames, each its own clip (same frames, own offset and
+    flip): one decode pays for all of them. Random crops only (validation takes one centre crop)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.crops_per_decode, bool) or not isinstance(self.crops_per_decode, int):
+            raise ValueError(f"ClipSpec.crops_per_decode={self.crops_per_decode!r} must be an integer >= 1")
+        if self.crops_per_decode < 1:
+            raise ValueError(f"ClipSpec.crops_per_decode={self.crops_per_decode} must be an integer >= 1")
         if self.start not in CLIP_STARTS:
             raise ValueError(f"ClipSpec.start={self.start!r} must be one of {', '.join(CLIP_STARTS)}")
         if self.decode not in DECODERS:
@@ -222,8 +229,8 @@ class RawVideo(Sample):
 
 @edataclass
 class Clip(Sample):
-    video: torch.Tensor  # [3, T, H, W] bf16 in [-1, 1]
-    loss_mask: torch.Tensor  # [1, T, H, W] bf16
+    video: torch.Tensor  # [N, 3, T, H, W] bf16 in [-1, 1]: the N crops of one decode (ClipSpec.crops_per_decode)
+    loss_mask: torch.Tensor  # [1, T, H, W] bf16, the same for each crop
     aspect_ratio: float
     bucket: str
     skipped: list[str]
@@ -299,6 +306,10 @@ class VideoClipTaskEncoder(DefaultTaskEncoder[RawVideo, Clip, dict, dict]):
 
     @stateless
     def encode_sample(self, sample: RawVideo) -> Clip:
+        # One sample per decode, holding its spec.crops_per_decode crops (batch() lays them out as clips): the
+        # loader's state stays one position per video, so a resume is exact. Every random draw comes before the
+        # decode, in the order one crop draws them (start, offset, flip): one crop per decode gives the clips it
+        # gave before there was a choice.
         spec = self.spec
         rng = self._rng()
         try:
@@ -321,24 +332,29 @@ class VideoClipTaskEncoder(DefaultTaskEncoder[RawVideo, Clip, dict, dict]):
                     start = keyframe_start(reader.keyframes, n_frames, spec.frames, spec.keyframe_window, rng)
                 else:
                     start = uniform_start(n_frames, spec.frames, rng)
-                top, left = rng.randint(0, out_h - crop_h), rng.randint(0, out_w - crop_w)
+                boxes = [
+                    Box(rng.randint(0, out_h - crop_h), rng.randint(0, out_w - crop_w), crop_h, crop_w)
+                    for _ in range(spec.crops_per_decode)
+                ]
             else:
                 start = (n_frames - spec.frames) // 2
-                top, left = (out_h - crop_h) // 2, (out_w - crop_w) // 2
+                boxes = [Box((out_h - crop_h) // 2, (out_w - crop_w) // 2, crop_h, crop_w)]
+            flips = [spec.hflip and rng.random() < 0.5 for _ in boxes]
             size = (out_w, out_h) if (out_w, out_h) != (width, height) else None
             try:
-                video = reader.read(start, spec.frames, Box(top, left, crop_h, crop_w), size, torch.bfloat16)
+                videos = reader.read_crops(start, spec.frames, boxes, size, torch.bfloat16)
             except _DECODE_ERRORS as err:
                 self._skip(sample, f"decoding failed ({type(err).__name__}: {err})")
-        if video.shape[1] < spec.frames:
-            self._skip(sample, f"decoded {video.shape[1]} of {spec.frames} frames from {start} (truncated file?)")
-        if spec.hflip and rng.random() < 0.5:
-            video = video.flip(-1)
+        decoded = videos[0].shape[1]
+        if decoded < spec.frames:
+            self._skip(sample, f"decoded {decoded} of {spec.frames} frames from {start} (truncated file?)")
+        videos = [video.flip(-1) if flip else video for video, flip in zip(videos, flips, strict=True)]
+        crops = videos[0][None] if len(videos) == 1 else torch.stack(videos)
         # One stored element: cheap to pass from worker processes; batch() stacks it to full size.
         mask = torch.ones(1, 1, 1, 1, dtype=torch.bfloat16).expand(1, spec.frames, crop_h, crop_w)
         skipped = self.take_skipped()
         return Clip.derive_from(
-            sample, video=video, loss_mask=mask, aspect_ratio=crop_w / crop_h, bucket=bucket, skipped=skipped
+            sample, video=crops, loss_mask=mask, aspect_ratio=crop_w / crop_h, bucket=bucket, skipped=skipped
         )
 
     def batch_group_criterion(self, sample: Clip) -> tuple[str, None]:
@@ -348,21 +364,22 @@ class VideoClipTaskEncoder(DefaultTaskEncoder[RawVideo, Clip, dict, dict]):
     @stateless
     def batch(self, samples: list[Clip]) -> dict[str, Any]:
         first = samples[0]
-        video = torch.empty((len(samples), *first.video.shape), dtype=first.video.dtype)
+        clips = sum(len(s.video) for s in samples)
+        video = torch.empty((clips, *first.video.shape[1:]), dtype=first.video.dtype)
         if torch.utils.data.get_worker_info() is not None:
             # Stacked straight into shared memory: the batch then crosses to the trainer's
             # process without the extra copy the worker queue would otherwise make.
             video.share_memory_()
-        torch.stack([s.video for s in samples], out=video)
+        torch.cat([s.video for s in samples], out=video)
         if all(s.loss_mask.stride() == (0, 0, 0, 0) for s in samples):  # all ones, one stored element
-            mask = first.loss_mask[None].expand(len(samples), *first.loss_mask.shape)
+            mask = first.loss_mask[None].expand(clips, *first.loss_mask.shape)
         else:
-            mask = torch.stack([s.loss_mask for s in samples])
+            mask = torch.stack([s.loss_mask for s in samples for _ in s.video])
         return {
             VIDEO: video,
             LOSS_MASK: mask,
-            ASPECT_RATIO: torch.tensor([s.aspect_ratio for s in samples]),
-            KEYS: [s.__key__ for s in samples],
+            ASPECT_RATIO: torch.tensor([s.aspect_ratio for s in samples for _ in s.video]),
+            KEYS: [s.__key__ for s in samples for _ in s.video],
             SKIPPED: [reason for s in samples for reason in s.skipped],
         }
 

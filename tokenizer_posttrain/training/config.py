@@ -149,6 +149,11 @@ class DataConfig:
     """Clips per GPU per forward pass."""
     num_workers: int = 2
     """Data loader worker processes per GPU."""
+    crops_per_decode: int = 1
+    """Random crops cut from each decoded stretch of frames, each a clip of its own (same frames, own offset and
+    flip): the decoding, most of the loader's work, is paid once for all of them. They land side by side in a
+    micro-batch (data.micro_batch_size must be a multiple), so a batch holds fewer distinct stretches of video
+    (README, "Clip starts"). Real data only: synthetic clips are made one by one."""
     prefetch: int = 2
     """Batches each loader worker may prepare ahead (energon's prefetch_factor). The loader hands batches over
     in order, so while it waits for one worker's batch the others can only work this far ahead; each costs a
@@ -197,6 +202,16 @@ class DataConfig:
             value = getattr(self, key)
             _require(value > 0, f"data.{key}", value, "must be positive")
         _require(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
+        crops = self.crops_per_decode
+        crops_ok = isinstance(crops, int) and not isinstance(crops, bool) and crops > 0
+        _require(crops_ok, "data.crops_per_decode", crops, "must be a positive number of crops")
+        _require(
+            self.micro_batch_size % crops == 0,
+            "data.crops_per_decode",
+            crops,
+            f"data.micro_batch_size={self.micro_batch_size} must be a multiple of it (the crops of one decode "
+            "share a micro-batch)",
+        )
         prefetch_ok = isinstance(self.prefetch, int) and not isinstance(self.prefetch, bool) and self.prefetch > 0
         _require(prefetch_ok, "data.prefetch", self.prefetch, "must be a positive number of batches")
         _require(

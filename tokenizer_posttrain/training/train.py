@@ -176,6 +176,7 @@ def build_datamodule(
         start=data.start,
         keyframe_window=data.keyframe_window,
         decode=data.decode,
+        crops_per_decode=data.crops_per_decode,
         aspect_buckets=data.aspect_buckets,
         multiple_of=get_config(model.model).spatial_compression,
     )
