@@ -102,8 +102,42 @@ def test_the_gram_differences_backward_pass_is_autograds(layout: torch.memory_fo
     (torch.einsum("nchw,ndhw,nhw->ncd", reference, reference, weight[:, 0]) * upstream).sum().backward()
     torch.testing.assert_close(rec.grad, reference.grad)
     assert rec.grad.stride() == rec.stride()
-    with pytest.raises(ValueError, match="target's features"):
-        weighted_gram_difference(rec, tgt.requires_grad_(True), weight)
+    with pytest.raises(ValueError, match="only the reconstruction's features"):
+        weighted_gram_difference(rec, tgt.clone().requires_grad_(True), weight)
+    with pytest.raises(ValueError, match=r"weights must be \[N, 1, h, w\]"):
+        weighted_gram_difference(rec, tgt, weight.expand(2, 3, 4, 5))
+    with torch.no_grad():  # nothing to lose without gradients
+        weighted_gram_difference(rec, tgt.clone().requires_grad_(True), weight)
+
+
+def test_fp16_features_keep_their_small_gradient() -> None:
+    # The Gram term's gradient is about 1 / (positions x C^2): under 16-mixed's loss scale (65536, as
+    # GradScaler starts) it fits fp16, but the product's incoming gradient, one clip's Gram matrix of 4 frames
+    # of 64 channels, would flush to zero in fp16.
+    generator = torch.Generator().manual_seed(0)
+    tgt = torch.rand(4, 64, 64, 64, generator=generator)
+    rec = tgt * (1 + 0.01 * torch.randn(tgt.shape, generator=generator))
+    rec, tgt = rec.half().float(), tgt.half().float()  # the same values in both dtypes
+    weight = torch.ones(4, 1, 64, 64)
+    grads = []
+    for dtype in (torch.float32, torch.float16):
+        leaf = rec.to(dtype).detach().clone().requires_grad_(True)
+        difference = weighted_gram_difference(leaf, tgt.to(dtype), weight)
+        (65536 * gram_distance(difference, weight.sum(dim=(1, 2, 3)), clips=1)).backward()
+        grads.append(leaf.grad.float())
+    assert (grads[1] != 0).float().mean() > 0.99
+    torch.testing.assert_close(grads[1], grads[0], rtol=0.01, atol=1e-6)
+
+
+def test_a_small_gram_difference_keeps_its_digits_over_a_whole_frame() -> None:
+    # 256x256 positions whose two Gram sums nearly cancel (1% noise): the difference as one product keeps its
+    # digits; two fp32 sums subtracted kept only about 98% of them on an H200 (docs/benchmarks.md).
+    generator = torch.Generator().manual_seed(1)
+    tgt = torch.rand(1, 4, 256, 256, generator=generator).bfloat16()
+    rec = (tgt.float() * (1 + 0.01 * torch.randn(tgt.shape, generator=generator))).bfloat16()
+    exact = sum(sign * torch.einsum("nchw,ndhw->ncd", f.double(), f.double()) for sign, f in ((1, rec), (-1, tgt)))
+    got = weighted_gram_difference(rec, tgt, torch.ones(1, 1, 256, 256))
+    assert ((got.double() - exact).norm() / exact.norm()).item() < 0.005
 
 
 def test_bf16_features_keep_the_digits_of_a_small_gram_difference() -> None:

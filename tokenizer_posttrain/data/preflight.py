@@ -150,6 +150,10 @@ def preflight(
     return damaged + unreadable + bad
 
 
+_CHECK_TIMEOUT_S = 120
+"""How long the GPU-decoding check waits for one frame, in this process and in the forked one."""
+
+
 def check_gpu_decoding(path: str | Path, num_workers: int, seed: int = 0) -> None:
     """For ``data.decode=gpu``: decode the first frame of one train video on this rank's GPU, where the loader
     will decode it, or raise :class:`DataError` saying what failed and what to do (before any worker starts).
@@ -166,9 +170,15 @@ def check_gpu_decoding(path: str | Path, num_workers: int, seed: int = 0) -> Non
 
     if torch.cuda.is_available():
         # On this rank's GPU, as training will be: a context on GPU 0 from every rank would waste its memory.
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if local_rank >= torch.cuda.device_count():
+            raise DataError(
+                f"data.decode=gpu: LOCAL_RANK={local_rank} but this process sees {torch.cuda.device_count()} "
+                "GPU(s) (CUDA_VISIBLE_DEVICES); start one process per visible GPU"
+            )
+        torch.cuda.set_device(local_rank)
         torch.cuda.init()
-    here = _first_frame_problem(data)
+    here = _threaded_first_frame_problem(data)
     if here:
         raise DataError(
             f"data.decode=gpu: {name} could not be decoded on the GPU ({here}); FFmpeg needs the NVIDIA driver's "
@@ -194,14 +204,32 @@ def _forked_first_frame_problem(data: bytes) -> str:
     results = context.Queue()
     child = context.Process(target=_decode_first_frame, args=(data, results), daemon=True)
     child.start()
-    child.join(120)
-    if child.is_alive():
-        child.kill()
-        return "no frame after 120 s"
     try:
-        return results.get(timeout=5)
+        # Read before joining: a child blocks on exit until what it put on the queue is read.
+        return results.get(timeout=_CHECK_TIMEOUT_S)
     except queue.Empty:
-        return f"the check's process died (exit code {child.exitcode})"
+        return (
+            f"no frame after {_CHECK_TIMEOUT_S} s"
+            if child.is_alive()
+            else f"the check's process died (exit code {child.exitcode})"
+        )
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join(5)
+        results.close()
+
+
+def _threaded_first_frame_problem(data: bytes) -> str:
+    """:func:`_first_frame_problem` in this process, given at most the check's time (a hung driver must not
+    hang the launch); "" when it decodes."""
+    import threading
+
+    found: list[str] = []
+    thread = threading.Thread(target=lambda: found.append(_first_frame_problem(data)), daemon=True)
+    thread.start()
+    thread.join(_CHECK_TIMEOUT_S)
+    return found[0] if found else f"no frame after {_CHECK_TIMEOUT_S} s"
 
 
 def _first_frame_problem(data: bytes) -> str:

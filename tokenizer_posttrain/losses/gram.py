@@ -41,8 +41,10 @@ def weighted_gram_difference(reconstruction: Tensor, target: Tensor, weight: Ten
     features, ``∂L/∂r_p = w_p (G + Gᵀ) r_p`` for the incoming gradient ``G`` (:class:`_GramDifference`); nothing
     of the features' size is kept for it but the features themselves.
     """
-    if target.requires_grad:
-        raise ValueError("weighted_gram_difference: the target's features must not need gradients")
+    if torch.is_grad_enabled() and (target.requires_grad or weight.requires_grad):
+        raise ValueError("weighted_gram_difference: only the reconstruction's features may need gradients")
+    if weight.dim() != 4 or weight.shape[1] != 1:
+        raise ValueError(f"weighted_gram_difference: weights must be [N, 1, h, w], got {tuple(weight.shape)}")
     with torch.autocast(reconstruction.device.type, enabled=False):
         return _GramDifference.apply(reconstruction, target, weight)
 
@@ -66,14 +68,17 @@ class _GramDifference(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None, None]:
         rec, weight = ctx.saved_tensors  # type: ignore[attr-defined]
-        symmetric = (grad + grad.transpose(1, 2)).to(rec.dtype)
+        # fp16 would flush the incoming gradient (about 1 / (positions x C^2)) to zero: it multiplies in fp32.
+        work = torch.float32 if rec.dtype == torch.float16 else rec.dtype
+        symmetric = (grad + grad.transpose(1, 2)).to(work)
+        features = rec.to(work)
         n, c, h, w = rec.shape
-        if _is_nhwc(rec):
+        if _is_nhwc(features):
             # [N, P, C] x [N, C, C]: the gradient comes out in the features' own (NHWC) memory order.
-            product = torch.bmm(_positions_by_channels(rec), symmetric).view(n, h, w, c).permute(0, 3, 1, 2)
+            product = torch.bmm(_positions_by_channels(features), symmetric).view(n, h, w, c).permute(0, 3, 1, 2)
         else:
-            product = torch.bmm(symmetric, _channels_by_positions(rec)).view(n, c, h, w)
-        return product * weight.to(rec.dtype), None, None
+            product = torch.bmm(symmetric, _channels_by_positions(features)).view(n, c, h, w)
+        return (product * weight.to(work)).to(rec.dtype), None, None
 
 
 def _is_nhwc(features: Tensor) -> bool:

@@ -157,7 +157,7 @@ class DataConfig:
     prefetch: int = 2
     """Batches each loader worker may prepare ahead (energon's prefetch_factor). The loader hands batches over
     in order, so while it waits for one worker's batch the others can only work this far ahead; each costs a
-    micro-batch of shared memory."""
+    micro-batch of shared memory. No effect with num_workers=0."""
     frames: int = CLIP_FRAMES
     """Frames per clip (1 + 8k for the 8x temporal models)."""
     height: int = CLIP_SIZE
