@@ -7,6 +7,9 @@ import io
 import json
 import os
 import re
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 from .sources import assign_splits
@@ -69,12 +72,11 @@ def energon_prepare(root: Path, splits: dict[str, list[str]]) -> None:
     """Run ``energon prepare`` on ``root`` with whole shards per split (overwrites an earlier preparation).
 
     This is energon's own click command with the flags a user would type, run in this process: a
-    fresh ``energon`` process would spend ~2 s importing torch again. Raises :class:`PrepareError`
-    with energon's message when it fails.
+    fresh ``energon`` process would spend ~2 s importing torch again. But energon forks its workers,
+    and a fork copies whatever lock another thread holds at that moment (a child then hung for good in a
+    test process full of threads), so with other Python threads alive it runs in a fresh process
+    instead. Raises :class:`PrepareError` with energon's message when it fails.
     """
-    import click
-    from megatron.energon.tools.prepare import command
-
     if not os.access(root, os.W_OK):
         raise PrepareError(
             f"{root} is not writable: energon prepare writes .nv-meta/ and a .tar.idx per shard there; "
@@ -88,6 +90,41 @@ def energon_prepare(root: Path, splits: dict[str, list[str]]) -> None:
     if (root / META).exists():
         args.append("--force-overwrite")  # without it a prepared folder is refused; we own this preparation
     args.append(str(root))
+    if threading.active_count() > 1:
+        _prepare_in_fresh_process(root, args)
+    else:
+        _run_prepare_command(root, args)
+    if not is_prepared(root, [n for names in splits.values() for n in names]):
+        raise PrepareError(f"energon prepare ran but {root / META} does not list the expected shards")
+
+
+def _prepare_in_fresh_process(root: Path, args: list[str]) -> None:
+    """:func:`_run_prepare_command` in a new interpreter (no threads to fork with); its error line, if any."""
+    code = "import sys; from data_tools.prepare import _prepare_main; _prepare_main(sys.argv[1], sys.argv[2:])"
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(root), *args], capture_output=True, text=True, env=env, check=False
+    )
+    if done.returncode:
+        lines = done.stderr.strip().splitlines()
+        raise PrepareError(lines[-1] if lines else f"energon prepare failed on {root} (exit code {done.returncode})")
+
+
+def _prepare_main(root: str, args: list[str]) -> None:
+    """Entry of the fresh process: the prepare command, its failure as one line on stderr and exit code 1."""
+    try:
+        _run_prepare_command(Path(root), args)
+    except PrepareError as err:
+        print(str(err).replace("\n", " | "), file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _run_prepare_command(root: Path, args: list[str]) -> None:
+    """energon's prepare command with ``args``, in this process; :class:`PrepareError` when it fails."""
+    import click
+    from megatron.energon.tools.prepare import command
+
     log = io.StringIO()
     try:
         with contextlib.redirect_stdout(log):  # energon narrates every step; show it only on failure
@@ -97,8 +134,6 @@ def energon_prepare(root: Path, splits: dict[str, list[str]]) -> None:
     except (click.Abort, SystemExit, Exception) as err:
         tail = "\n".join(log.getvalue().strip().splitlines()[-8:])
         raise PrepareError(f"energon prepare failed on {root} ({type(err).__name__}: {err}):\n{tail}") from err
-    if not is_prepared(root, [n for names in splits.values() for n in names]):
-        raise PrepareError(f"energon prepare ran but {root / META} does not list the expected shards")
 
 
 def manifest_splits(root: Path) -> dict[str, str]:

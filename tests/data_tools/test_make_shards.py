@@ -273,6 +273,30 @@ def test_prepare_an_existing_tar_folder(tmp_path: Path) -> None:
     assert elsewhere.returncode == 2 and "python -m data_tools prepare" in elsewhere.stderr
 
 
+def test_prepare_with_other_threads_alive_runs_in_a_fresh_process(tmp_path: Path) -> None:
+    # energon forks its workers; a fork beside other threads can copy a held lock and hang (it did, in a test
+    # process), so with a thread alive the preparation runs in a new interpreter, with the same result.
+    import threading
+
+    from data_tools.prepare import PrepareError, energon_prepare, is_prepared
+
+    shards = tmp_path / "shards"
+    _write_shard(shards / "000000.tar", ["k0", "k1"])
+    _write_shard(shards / "000001.tar", ["k2"])
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        energon_prepare(shards, {"train": ["000000.tar", "000001.tar"], "val": []})
+        assert is_prepared(shards, ["000000.tar", "000001.tar"])
+        (shards / "000001.tar").write_bytes(b"not a tar file")
+        with pytest.raises(PrepareError, match=r"^energon prepare failed on .*shards") as failed:
+            energon_prepare(shards, {"train": ["000000.tar", "000001.tar"], "val": []})
+        assert "\n" not in str(failed.value)
+    finally:
+        stop.set()
+
+
 def run_main(capsys: pytest.CaptureFixture, *args: object) -> tuple[int, str, str]:
     """``python -m data_tools ARGS`` in this process (for the quick error paths): status, stdout, stderr."""
     try:

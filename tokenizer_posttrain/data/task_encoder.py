@@ -197,6 +197,8 @@ class ClipSpec:
             raise ValueError(f"ClipSpec.crops_per_decode={self.crops_per_decode!r} must be an integer >= 1")
         if self.crops_per_decode < 1:
             raise ValueError(f"ClipSpec.crops_per_decode={self.crops_per_decode} must be an integer >= 1")
+        if self.crops_per_decode > 1 and not self.random_crop:
+            raise ValueError("ClipSpec.crops_per_decode > 1 needs random crops (random_crop=False cuts one)")
         if self.start not in CLIP_STARTS:
             raise ValueError(f"ClipSpec.start={self.start!r} must be one of {', '.join(CLIP_STARTS)}")
         if self.decode not in DECODERS:

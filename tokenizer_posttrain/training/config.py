@@ -153,7 +153,7 @@ class DataConfig:
     """Random crops cut from each decoded stretch of frames, each a clip of its own (same frames, own offset and
     flip): the decoding, most of the loader's work, is paid once for all of them. They land side by side in a
     micro-batch (data.micro_batch_size must be a multiple), so a batch holds fewer distinct stretches of video
-    (README, "Clip starts"). Real data only: synthetic clips are made one by one."""
+    (README, "Several crops per decode"). Real data only: synthetic clips are made one by one."""
     prefetch: int = 2
     """Batches each loader worker may prepare ahead (energon's prefetch_factor). The loader hands batches over
     in order, so while it waits for one worker's batch the others can only work this far ahead; each costs a

@@ -276,8 +276,11 @@ class SkippedSamples(pl.Callback):
 
     MIN_SAMPLES = 20
 
-    def __init__(self, max_fraction: float) -> None:
+    def __init__(self, max_fraction: float, clips_per_video: int = 1) -> None:
+        """``clips_per_video``: clips a batch holds per video read (data.crops_per_decode), so that the
+        fraction counts videos."""
         self.max_fraction = max_fraction
+        self.clips_per_video = clips_per_video
         self.skipped: list[str] = []
         self.used = 0
         self.damaged: dict[str, int] = {}  # shard -> samples skipped in its damaged part
@@ -306,7 +309,7 @@ class SkippedSamples(pl.Callback):
                 )
             self.damaged[shard] += 1
         self.skipped.extend(new)
-        self.used += len(batch[VIDEO])
+        self.used += len(batch[VIDEO]) // self.clips_per_video
         pl_module.log("data/skipped_samples", float(len(self.skipped)), reduce_fx="sum", sync_dist=True, batch_size=1)
         if self.damaged:
             # This rank's count, no collective: ranks find damaged shards at different steps.

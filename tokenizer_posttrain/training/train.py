@@ -152,6 +152,14 @@ def build_datamodule(
 ) -> pl.LightningDataModule:
     """Synthetic clips when ``data.path`` is None, else the energon video dataset at that path
     (``skip_pickled_states``: ``resume.skip_pickled_states``, for its loader position in old checkpoints)."""
+    if data.crops_per_decode > 1 and data.path is None:
+        warnings.warn("data.crops_per_decode has no effect on synthetic clips (no data.path)", stacklevel=2)
+    elif data.crops_per_decode > 1 and data.aspect_buckets and data.resize_short_side is None:
+        warnings.warn(
+            "data.crops_per_decode with data.aspect_buckets: each video is scaled to just cover its bucket, so "
+            "the crops of one decode differ by a few pixels at most; set data.resize_short_side for room to move",
+            stacklevel=2,
+        )
     if data.path is None:
         return SyntheticVideoDataModule(
             frames=data.frames,
@@ -366,7 +374,7 @@ def train(
             FinalCheckpoint(ckpt_dir / LAST_CKPT, periodic),
             PreemptionCheckpoint(ckpt_dir / LAST_CKPT),
             summary,
-            SkippedSamples(data.max_skip_fraction),
+            SkippedSamples(data.max_skip_fraction, data.crops_per_decode if data.path else 1),
             SampleTrace(run_dir / "samples"),
             LearningRateLogger(),
             ThroughputMonitor(),
