@@ -119,6 +119,21 @@ def test_a_damaged_shard_is_named_once_and_its_samples_counted(capsys: pytest.Ca
     assert "(besides, 58 of them in 1 damaged tar shard(s): train.tar: 58; 21 unusable videos)" in str(err.value)
 
 
+def test_the_skip_limit_counts_videos_when_a_decode_gives_several_clips() -> None:
+    from types import SimpleNamespace
+
+    from tokenizer_posttrain.core.errors import DataError
+    from tokenizer_posttrain.training.monitoring import SkippedSamples
+
+    # 4 crops per decode: 20 batches of 8 clips are 40 videos read, not 160; with 10 unusable, 10 of 50 > 0.1.
+    callback, module, trainer = SkippedSamples(0.1, clips_per_video=4), _Module(), SimpleNamespace(global_rank=0)
+    for step in range(20):
+        callback.on_train_batch_start(trainer, module, _skip_batch([], 8), step)
+    bad = [f"a.tar:bad{i}: unreadable" for i in range(10)]
+    with pytest.raises(DataError, match="10 of 50 videos read on rank 0 were unusable"):
+        callback.on_train_batch_start(trainer, module, _skip_batch(bad, 0), 20)
+
+
 class SlowLoader(SyntheticVideoDataModule):
     """The synthetic clips, each batch handed over ``delay`` seconds late (a loader that cannot keep up)."""
 
