@@ -184,3 +184,18 @@ def test_a_run_logs_the_gram_and_high_frequency_terms_and_warns_of_an_unreached_
     assert sorted(rows) == [0, 1]
     assert float(rows[0]["train/gram"]) > 0 and float(rows[1]["train/gram"]) > 0
     assert rows[0]["train/high_freq"] == "" and float(rows[1]["train/high_freq"]) > 0  # on from step 1
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({}, "no effect on synthetic clips"),
+        ({"path": "some/dataset", "aspect_buckets": True}, "differ by a few pixels at most"),
+    ],
+)
+def test_several_crops_per_decode_warn_where_they_cannot_help(settings: dict, message: str) -> None:
+    from tokenizer_posttrain.training.train import build_datamodule
+
+    data = DataConfig(frames=9, height=32, width=32, micro_batch_size=2, crops_per_decode=2, **settings)
+    with pytest.warns(UserWarning, match=message):
+        build_datamodule(data, ModelConfig(), 0)

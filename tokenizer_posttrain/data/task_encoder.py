@@ -193,10 +193,9 @@ class ClipSpec:
     flip): one decode pays for all of them. Random crops only (validation takes one centre crop)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.crops_per_decode, bool) or not isinstance(self.crops_per_decode, int):
-            raise ValueError(f"ClipSpec.crops_per_decode={self.crops_per_decode!r} must be an integer >= 1")
-        if self.crops_per_decode < 1:
-            raise ValueError(f"ClipSpec.crops_per_decode={self.crops_per_decode} must be an integer >= 1")
+        crops = self.crops_per_decode
+        if isinstance(crops, bool) or not isinstance(crops, int) or crops < 1:
+            raise ValueError(f"ClipSpec.crops_per_decode={crops!r} must be an integer >= 1")
         if self.crops_per_decode > 1 and not self.random_crop:
             raise ValueError("ClipSpec.crops_per_decode > 1 needs random crops (random_crop=False cuts one)")
         if self.start not in CLIP_STARTS:

@@ -33,6 +33,11 @@ def _require(ok: bool, key: str, value: object, what: str) -> None:
         raise ValueError(f"invalid {key}={value!r}: {what}")
 
 
+def _integer_from(value: object, lowest: int) -> bool:
+    """Whether ``value`` is an int (not a bool, which is one in Python) of at least ``lowest``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= lowest
+
+
 def _finite(value: object) -> bool:
     """Whether ``value`` is a finite number: inf and nan pass every ``>`` check of a bound on one side."""
     return isinstance(value, (int, float)) and math.isfinite(value)
@@ -203,8 +208,7 @@ class DataConfig:
             _require(value > 0, f"data.{key}", value, "must be positive")
         _require(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
         crops = self.crops_per_decode
-        crops_ok = isinstance(crops, int) and not isinstance(crops, bool) and crops > 0
-        _require(crops_ok, "data.crops_per_decode", crops, "must be a positive number of crops")
+        _require(_integer_from(crops, 1), "data.crops_per_decode", crops, "must be a positive number of crops")
         _require(
             self.micro_batch_size % crops == 0,
             "data.crops_per_decode",
@@ -212,8 +216,9 @@ class DataConfig:
             f"data.micro_batch_size={self.micro_batch_size} must be a multiple of it (the crops of one decode "
             "share a micro-batch)",
         )
-        prefetch_ok = isinstance(self.prefetch, int) and not isinstance(self.prefetch, bool) and self.prefetch > 0
-        _require(prefetch_ok, "data.prefetch", self.prefetch, "must be a positive number of batches")
+        _require(
+            _integer_from(self.prefetch, 1), "data.prefetch", self.prefetch, "must be a positive number of batches"
+        )
         _require(
             isinstance(self.synthetic_cache, bool), "data.synthetic_cache", self.synthetic_cache, "use true or false"
         )
@@ -223,9 +228,7 @@ class DataConfig:
         _require(self.start in CLIP_STARTS, "data.start", self.start, f"use one of {', '.join(CLIP_STARTS)}")
         _require(self.decode in DECODERS, "data.decode", self.decode, f"use one of {', '.join(DECODERS)}")
         _require(
-            isinstance(self.keyframe_window, int)
-            and not isinstance(self.keyframe_window, bool)
-            and self.keyframe_window >= 0,
+            _integer_from(self.keyframe_window, 0),
             "data.keyframe_window",
             self.keyframe_window,
             "must be an integer >= 0",
