@@ -194,10 +194,10 @@ class StepProfiler(pl.Callback):
         text += "\n\n" + averages.table(sort_by="cpu_time_total", row_limit=30)
         # Plain characters only: the device tool brings back no file named with '=' or ','.
         stem = self.out / re.sub(r"[^A-Za-z0-9._-]", "-", f"profile_{self.name}_rank{self.rank}")
-        stem.with_suffix(".txt").write_text(text)
+        Path(f"{stem}.txt").write_text(text)
         print(json.dumps(summary), flush=True)
         if self.trace:
-            raw = stem.with_suffix(".json")
+            raw = Path(f"{stem}.json")
             self.prof.export_chrome_trace(str(raw))
             with open(raw, "rb") as src, gzip.open(f"{raw}.gz", "wb") as dst:
                 shutil.copyfileobj(src, dst)
@@ -243,7 +243,7 @@ def main() -> None:
     )
     parser.add_argument("--out", default=os.environ.get("OUT", tempfile.gettempdir()))
     parser.add_argument("overrides", nargs="*", help="group.key=value config overrides")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # overrides may come before and after options
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tag = ""  # e.g. _compile=true: the key's last part and the value
     for item in args.overrides:

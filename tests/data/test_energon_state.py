@@ -95,15 +95,15 @@ def test_a_restored_loader_with_several_crops_per_decode_continues_where_it_stop
 
 def test_a_state_restores_into_a_loader_that_prefetches_more(dataset: Path) -> None:
     # data.prefetch is a speed switch: a run may resume with another one and still continue where it stopped.
-    first = datamodule(dataset, 1)
+    first = datamodule(dataset, 1, prefetch=2)
     stream = iter(first.train_dataloader())
     [next(stream) for _ in range(2)]
     saved = through_a_file(first.state_dict())
     uninterrupted = [next(stream) for _ in range(3)]
-    resumed = datamodule(dataset, 1, prefetch=4)
+    resumed = datamodule(dataset, 1, prefetch=6)
     resumed.load_state_dict(saved)
     assert_same_batches(take(resumed, 3), uninterrupted)
-    assert resumed._train_loader.prefetch_factor == 4
+    assert resumed._train_loader.prefetch_factor == 6
 
 
 def nodes(value: Any) -> list[dict]:  # noqa: ANN401

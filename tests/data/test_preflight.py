@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import torch
 
 from tests.videos import cut_inside_sample, encode_video, write_energon_dataset
 from tokenizer_posttrain.core.errors import DataError
-from tokenizer_posttrain.data.preflight import preflight
+from tokenizer_posttrain.data.preflight import check_shared_memory, preflight
 from tokenizer_posttrain.data.shard_check import MemberScan, index_offsets, indexed_damage
 
 
@@ -99,3 +100,20 @@ def test_the_forked_gpu_check_reports_the_workers_error(two_shards: Path) -> Non
         video = tar.extractfile(member).read()
     forked = _forked_first_frame_problem(video)
     assert forked and forked == _first_frame_problem(video)
+
+
+def test_batches_in_flight_that_overflow_shared_memory_refuse_the_launch(tmp_path: Path) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    # 2 processes x 3 workers x 4 batches, plus the one each process reads: 26 batches of free / 20 bytes.
+    with pytest.raises(DataError) as err:
+        check_shared_memory(free // 20, num_workers=3, prefetch=4, processes=2, folder=tmp_path)
+    message = str(err.value)
+    assert "data.prefetch=4 x data.num_workers=3 x 2 process(es)" in message and "26 batches" in message
+    assert str(tmp_path) in message and "--shm-size" in message
+
+
+def test_batches_that_fit_in_shared_memory_pass(tmp_path: Path) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    check_shared_memory(free // 40, num_workers=3, prefetch=4, processes=2, folder=tmp_path)  # 26 of 40
+    check_shared_memory(free, num_workers=0, prefetch=4, folder=tmp_path)  # no workers: nothing in flight
+    check_shared_memory(free * 10, num_workers=2, prefetch=2, folder=tmp_path / "absent")  # no such folder

@@ -233,11 +233,21 @@ def test_clip_problems_long_gop_warns_with_the_decoding_it_costs() -> None:
     problems = clip_problems(_info(frames=1000, keyframes=4), 33, 256)
     assert _codes(problems) == {"long_gop": "warning"}
     message = problems[0].message
-    assert "every 250 frames" in message and "about 158 frames, 3.9x" in message
-    assert "make-shards --transcode" in message and "data.start=keyframe" in message
+    assert "every 250 frames" in message and "about 158 frames, 3.9x the pixels" in message
+    assert "make-shards --transcode (a keyframe" in message and "data.start=keyframe" in message
+    assert "README, Real footage" in message
     # One keyframe in 132 frames: only 100 starts, 49.5 frames wasted on average; keyframe starts not offered.
     (single,) = clip_problems(_info(frames=132, keyframes=1), 33, 256)
     assert "about 82 frames, 2.0x" in single.message and "data.start" not in single.message
+    # Frames that training shrinks while decoding: transcoding them smaller saves that work too.
+    (shrunk,) = clip_problems(_info(frames=132, keyframes=1, width=1920, height=1080), 33, 256, 256)
+    assert "about 82 frames of 1920x1080" in shrunk.message and "--max-height 256 (a keyframe" in shrunk.message
+    assert "36.3x the pixels" in shrunk.message  # 82.5 / 40.5 frames x (1080 / 256)^2 pixels
+    # Portrait: the short side is the width, so the height stays at 256 x 1920 / 1080, rounded up to even.
+    (tall,) = clip_problems(_info(frames=132, keyframes=1, width=1080, height=1920), 33, 256, 256)
+    assert "--max-height 456 (a keyframe" in tall.message
+    (kept,) = clip_problems(_info(frames=132, keyframes=1, width=1920, height=1080), 33, 256, 1080)
+    assert "--max-height" not in kept.message and "of 1920x1080" not in kept.message
     # A keyframe every 16 or 48 frames (shipped by many cameras at 1-2 s): less than 1.5x, no warning.
     assert clip_problems(_info(frames=480, keyframes=30), 33, 256) == []
     assert clip_problems(_info(frames=480, keyframes=10), 33, 256) == []

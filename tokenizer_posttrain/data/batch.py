@@ -1,4 +1,5 @@
-"""Batch keys, in one place: every data module yields a plain dict with these keys; and the default clip."""
+"""Batch keys, in one place: every data module yields a plain dict with these keys; the default clip, and the loader's
+prefetch default."""
 
 VIDEO = "video"
 """``[B, 3, T, H, W]`` clip in [-1, 1] (bf16 from the loaders)."""
@@ -21,3 +22,7 @@ CLIP_FRAMES = 33
 config, the data modules, the posttrain workflow and evaluation all start from."""
 CLIP_SIZE = 256
 """Height and width of the default training clip's crop."""
+PREFETCH = 6
+"""Batches each loader worker may prepare ahead by default (energon's ``prefetch_factor``): torch's 2 starved the
+step on real footage, since batches are handed over in order and a worker whose clips decoded slowly holds up
+the others (docs/benchmarks.md, "Session 13")."""

@@ -9,6 +9,7 @@ from megatron.energon import WorkerConfig, get_loader, get_savable_loader, get_t
 
 from ..core.errors import CheckpointError, UserError
 from ..core.untrusted import skip_pickled_state
+from .batch import PREFETCH
 from .energon_state import from_plain, to_plain
 from .layout import dataset_splits
 from .task_encoder import ClipSpec, VideoClipTaskEncoder
@@ -71,7 +72,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         spec: ClipSpec,
         micro_batch_size: int,
         num_workers: int,
-        prefetch: int = 2,
+        prefetch: int = PREFETCH,
         shuffle_buffer_size: int = 100,
         max_samples_per_sequence: int = 100,
         seed: int = 0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,31 @@ def check_worker_share(path: str | Path, world_size: int, num_workers: int) -> i
             f"({world_size} process(es) x {max(1, num_workers)}): lower data.num_workers or add videos"
         )
     return total
+
+
+SHARED_MEMORY = Path("/dev/shm")
+"""Where torch's loader workers put the batches they hand over (Linux)."""
+
+
+def check_shared_memory(
+    batch_bytes: int, num_workers: int, prefetch: int, processes: int = 1, folder: Path = SHARED_MEMORY
+) -> None:
+    """Refuse a loader whose workers' batches in flight would not fit in shared memory: each of ``num_workers``
+    workers of each of ``processes`` training processes on this machine holds up to ``prefetch`` batches of
+    ``batch_bytes`` there (all of them while the first step compiles), and a full ``folder`` kills the loader
+    with a bus error mid-run. Nothing to check without workers or where ``folder`` does not exist."""
+    if num_workers < 1 or not folder.is_dir():
+        return
+    batches = processes * num_workers * prefetch + processes  # plus the batch each process is reading
+    needed, free = batches * batch_bytes, shutil.disk_usage(folder).free
+    if needed > free:
+        gib = 2**30
+        raise DataError(
+            f"data.prefetch={prefetch} x data.num_workers={num_workers} x {processes} process(es) on this machine "
+            f"keep up to {batches} batches of {batch_bytes / gib:.2f} GiB in shared memory ({needed / gib:.1f} GiB), "
+            f"but {folder} has {free / gib:.1f} GiB free: the loader would die with a bus error. Give it more "
+            "(docker run --shm-size=... or --ipc=host) or lower data.prefetch or data.num_workers"
+        )
 
 
 def _sample_members(shards: list[Path], count: int, seed: int, unreadable: list[str]) -> list[tuple[str, bytes]]:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..data.batch import CLIP_FRAMES, CLIP_SIZE
+from ..data.batch import CLIP_FRAMES, CLIP_SIZE, PREFETCH
 from ..data.clip_start import CLIP_STARTS, DECODERS
 from ..losses.loss import LossConfig  # the loss.* group lives with the terms it configures
 
@@ -159,10 +159,10 @@ class DataConfig:
     flip): the decoding, most of the loader's work, is paid once for all of them. They land side by side in a
     micro-batch (data.micro_batch_size must be a multiple), so a batch holds fewer distinct stretches of video
     (README, "Several crops per decode"). Real data only: synthetic clips are made one by one."""
-    prefetch: int = 2
+    prefetch: int = PREFETCH
     """Batches each loader worker may prepare ahead (energon's prefetch_factor). The loader hands batches over
     in order, so while it waits for one worker's batch the others can only work this far ahead; each costs a
-    micro-batch of shared memory. No effect with num_workers=0."""
+    micro-batch of shared memory (/dev/shm). No effect with num_workers=0."""
     frames: int = CLIP_FRAMES
     """Frames per clip (1 + 8k for the 8x temporal models)."""
     height: int = CLIP_SIZE

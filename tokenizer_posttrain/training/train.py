@@ -205,9 +205,13 @@ def check_data(data: DataConfig, world_size: int, seed: int) -> None:
     """Preflight of a real dataset: refuse to start when its videos cannot give the clips."""
     if data.path is None:
         return
-    from ..data.preflight import check_gpu_decoding, check_worker_share, preflight
+    from ..data.preflight import check_gpu_decoding, check_shared_memory, check_worker_share, preflight
 
     check_worker_share(data.path, world_size, data.num_workers)
+    # bf16 clips; the all-ones loss mask is one stored element, the rest is small.
+    clip_bytes = 3 * data.frames * data.height * data.width * 2
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", min(world_size, 8)))
+    check_shared_memory(data.micro_batch_size * clip_bytes, data.num_workers, data.prefetch, local)
     if data.decode == "gpu":
         check_gpu_decoding(data.path, data.num_workers, seed)
     problems = preflight(
