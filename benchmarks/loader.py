@@ -41,6 +41,10 @@ from benchmarks.footage import long_gop_video  # noqa: E402
 from tests.videos import bigbuckbunny  # noqa: E402
 from tokenizer_posttrain.data.clip_decode import Box, ClipReader  # noqa: E402
 from tokenizer_posttrain.data.energon import EnergonVideoDataModule  # noqa: E402
+
+PREFETCH_USED = 2
+"""Batches each worker prepares ahead: torch's 2, as in every figure of this benchmark so far (the trainer's
+default is 6 since session 13; here it changes nothing for one clip a batch at the rates measured)."""
 from tokenizer_posttrain.data.task_encoder import ClipSpec  # noqa: E402
 
 FRAMES, CROP = 33, 256
@@ -104,7 +108,9 @@ def reader_clip(data: bytes, rng: random.Random, threads: int | None = None) -> 
 
 def loader_clips(path: Path, spec: ClipSpec, workers: int) -> Iterator[object]:
     """One clip per step: batches of one decode's crops, unpacked."""
-    dm = EnergonVideoDataModule(str(path), spec, micro_batch_size=spec.crops_per_decode, num_workers=workers)
+    dm = EnergonVideoDataModule(
+        str(path), spec, micro_batch_size=spec.crops_per_decode, num_workers=workers, prefetch=PREFETCH_USED
+    )
     for batch in dm.train_dataloader():
         yield from batch["video"]
 

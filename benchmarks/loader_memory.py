@@ -48,12 +48,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=1, help="clips per batch")
     parser.add_argument("--batches", type=int, default=800)
+    parser.add_argument("--prefetch", type=int, default=2, help="batches each worker prepares ahead (as measured)")
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--data", type=Path, default=None, help="an energon dataset to use instead of building one")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.data or build_dataset(Path(tmp), args.copies, ["--transcode"])
-        module = EnergonVideoDataModule(str(path), ClipSpec(), micro_batch_size=args.batch, num_workers=args.workers)
+        module = EnergonVideoDataModule(
+            str(path), ClipSpec(), micro_batch_size=args.batch, num_workers=args.workers, prefetch=args.prefetch
+        )
         batches = iter(module.train_dataloader())
         me, start = psutil.Process(), time.perf_counter()
         for index in range(1, args.batches + 1):

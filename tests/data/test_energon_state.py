@@ -14,7 +14,7 @@ import torch
 
 from tests.videos import encode_video, write_energon_dataset
 from tokenizer_posttrain.core.errors import CheckpointError
-from tokenizer_posttrain.data.batch import KEYS, VIDEO
+from tokenizer_posttrain.data.batch import KEYS, PREFETCH, VIDEO
 from tokenizer_posttrain.data.energon import EnergonVideoDataModule
 from tokenizer_posttrain.data.energon_state import FORMAT, from_plain, to_plain
 from tokenizer_posttrain.data.task_encoder import ClipSpec
@@ -104,6 +104,7 @@ def test_a_state_restores_into_a_loader_that_prefetches_more(dataset: Path) -> N
     resumed.load_state_dict(saved)
     assert_same_batches(take(resumed, 3), uninterrupted)
     assert resumed._train_loader.prefetch_factor == 6
+    assert datamodule(dataset, 1).prefetch == PREFETCH == 6  # the default
 
 
 def nodes(value: Any) -> list[dict]:  # noqa: ANN401

@@ -11,7 +11,8 @@ import torch
 
 from tests.videos import cut_inside_sample, encode_video, write_energon_dataset
 from tokenizer_posttrain.core.errors import DataError
-from tokenizer_posttrain.data.preflight import check_shared_memory, preflight
+from tokenizer_posttrain.data.batch import PREFETCH
+from tokenizer_posttrain.data.preflight import loader_prefetch, preflight
 from tokenizer_posttrain.data.shard_check import MemberScan, index_offsets, indexed_damage
 
 
@@ -102,18 +103,23 @@ def test_the_forked_gpu_check_reports_the_workers_error(two_shards: Path) -> Non
     assert forked and forked == _first_frame_problem(video)
 
 
-def test_batches_in_flight_that_overflow_shared_memory_refuse_the_launch(tmp_path: Path) -> None:
+def test_a_prefetch_that_overflows_shared_memory_is_refused_with_what_fits(tmp_path: Path) -> None:
     free = shutil.disk_usage(tmp_path).free
     # 2 processes x 3 workers x 4 batches, plus the one each process reads: 26 batches of free / 20 bytes.
     with pytest.raises(DataError) as err:
-        check_shared_memory(free // 20, num_workers=3, prefetch=4, processes=2, folder=tmp_path)
+        loader_prefetch(free // 20, num_workers=3, prefetch=4, processes=2, folder=tmp_path)
     message = str(err.value)
     assert "data.prefetch=4 x data.num_workers=3 x 2 process(es)" in message and "26 batches" in message
-    assert str(tmp_path) in message and "--shm-size" in message
+    assert str(tmp_path) in message and "--shm-size" in message and "data.prefetch=3 fits" in message  # 20 of 20
+    with pytest.raises(DataError, match="lower data.num_workers or data.micro_batch_size"):
+        loader_prefetch(free // 2, num_workers=2, prefetch=None, folder=tmp_path)  # 3 batches even at 1
 
 
-def test_batches_that_fit_in_shared_memory_pass(tmp_path: Path) -> None:
+def test_the_default_prefetch_gives_way_to_short_shared_memory_with_a_warning(tmp_path: Path) -> None:
     free = shutil.disk_usage(tmp_path).free
-    check_shared_memory(free // 40, num_workers=3, prefetch=4, processes=2, folder=tmp_path)  # 26 of 40
-    check_shared_memory(free, num_workers=0, prefetch=4, folder=tmp_path)  # no workers: nothing in flight
-    check_shared_memory(free * 10, num_workers=2, prefetch=2, folder=tmp_path / "absent")  # no such folder
+    assert loader_prefetch(free // 40, num_workers=2, prefetch=None, folder=tmp_path) == PREFETCH == 6  # 13 of 40
+    with pytest.warns(UserWarning, match=r"data\.prefetch lowered to 3, which may starve the GPU"):
+        assert loader_prefetch(free // 8, num_workers=2, prefetch=None, folder=tmp_path) == 3  # 7 of 8
+    assert loader_prefetch(free // 40, num_workers=2, prefetch=2, folder=tmp_path) == 2  # asked for, fits
+    assert loader_prefetch(free, num_workers=0, prefetch=None, folder=tmp_path) == PREFETCH  # nothing in flight
+    assert loader_prefetch(free * 10, num_workers=2, prefetch=4, folder=tmp_path / "absent") == 4  # no such folder

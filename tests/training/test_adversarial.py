@@ -216,3 +216,53 @@ def test_a_compiled_channels_last_discriminator_trains_as_the_plain_one(
         for p in fast.discriminator.parameters():
             p.add_(1.0)
         assert torch.equal(twin(real), before) and not torch.allclose(fast.discriminator(real), before)
+
+
+@pytest.mark.parametrize(
+    ("name", "settings"), [("CV8x8x8", {}), ("DV8x16x16", {}), ("CV8x8x8", {"trainable": "decoder"})]
+)
+def test_the_split_step_has_the_gradients_and_weight_of_the_whole_backward_pass(name: str, settings: dict) -> None:
+    # The step before the split: the adaptive weight by autograd through network and loss, then one backward pass.
+    whole = TokenizerModel(tiny(name, **settings), loss=gan_loss(weight=0.25))
+    split = TokenizerModel(tiny(name, **settings), loss=gan_loss(weight=0.25))
+    torch.manual_seed(0)
+    video = torch.rand(2, 3, 9, 32, 32) * 2 - 1
+    mask = torch.ones(2, 1, 9, 32, 32)
+    mask[1, :, :, :, 20:] = 0  # a padded clip: the generator term and the loss see the same masked pixels
+    weights = whole.loss.prepare(0, video.device)
+    assert split.splits_adversarial_step(weights)
+    expected = whole.adversarial_terms(whole._step_forward(video, mask, weights), video, mask)
+    expected["loss"].backward()
+    got = split.split_adversarial_step(video, mask, weights)
+    got["loss"].backward()
+    for key in ("loss", "l1", "gan_g", "gan_weight", "gan_d", "d_real", "d_fake"):
+        torch.testing.assert_close(got[key].detach(), expected[key].detach(), rtol=1e-5, atol=1e-7, msg=key)
+    assert float(got["gan_weight"]) > 0
+    pairs = zip(whole.network.named_parameters(), split.network.named_parameters(), strict=True)
+    grads = [(n, a.grad, b.grad) for (n, a), (_, b) in pairs if a.requires_grad]
+    assert grads and all(b is not None for _, _, b in grads)
+    for key, want, have in grads:
+        torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-6, msg=key)
+    assert whole.adversarial is not None and split.adversarial is not None
+    for want, have in zip(whole.adversarial.parameters(), split.adversarial.parameters(), strict=True):
+        torch.testing.assert_close(have.grad, want.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_the_split_step_is_left_to_the_whole_pass_where_it_does_not_apply() -> None:
+    from tokenizer_posttrain.losses.consistency import ConsistencyConfig
+
+    late = TokenizerModel(tiny("CV8x8x8"), loss=gan_loss(disc_start=2, gen_start=2))
+    assert not late.splits_adversarial_step(late.loss.prepare(0, torch.device("cpu")))  # generator term off
+    fixed = TokenizerModel(tiny("CV8x8x8"), loss=gan_loss(adaptive=False))
+    assert not fixed.splits_adversarial_step(fixed.loss.prepare(0, torch.device("cpu")))
+    windows = LossConfig(
+        perceptual_weight=0.0,
+        consistency=ConsistencyConfig(0.5, window=9, step=4),
+        gan=GANConfig(weight=0.5, **SMALL),
+    )
+    with pytest.warns(UserWarning, match=r"adaptive_every=1: with loss\.consistency on.*adaptive_every=8"):
+        consistent = TokenizerModel(tiny("CV8x8x8"), loss=windows)  # its windows pass through the last layer too
+    assert not consistent.splits_adversarial_step(consistent.loss.prepare(0, torch.device("cpu")))
+    with torch.no_grad():
+        plain = TokenizerModel(tiny("CV8x8x8"), loss=gan_loss())
+        assert not plain.splits_adversarial_step(plain.loss.prepare(0, torch.device("cpu")))

@@ -1,5 +1,6 @@
 """Launch-time checks (parallelism, accumulation, clip shapes) and how train() sets up the Trainer."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import fit, run_script
+from tokenizer_posttrain.core.errors import DataError
 from tokenizer_posttrain.training.config import DataConfig, LossConfig, ModelConfig, TrainerConfig
 from tokenizer_posttrain.training.module import TokenizerModel
 from tokenizer_posttrain.training.optim import build_optimizer
@@ -199,3 +201,28 @@ def test_several_crops_per_decode_warn_where_they_cannot_help(settings: dict, me
     data = DataConfig(frames=9, height=32, width=32, micro_batch_size=2, crops_per_decode=2, **settings)
     with pytest.warns(UserWarning, match=message):
         build_datamodule(data, ModelConfig(), 0)
+
+
+def test_the_launch_sizes_the_loaders_batches_in_flight_against_shared_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from collections import namedtuple
+
+    from tests.videos import encode_video, write_energon_dataset
+    from tokenizer_posttrain.data import preflight
+    from tokenizer_posttrain.training.train import check_data
+
+    videos = {f"v{i}": encode_video(12, 48, 64, seed=i) for i in range(4)}
+    root = write_energon_dataset(tmp_path / "data", videos)
+    data = DataConfig(path=str(root), frames=9, height=32, width=32, num_workers=2, preflight_samples=0)
+    batch = 3 * 9 * 32 * 32 * 2  # one bf16 clip a micro-batch
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(preflight, "SHARED_MEMORY", tmp_path)
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda _: usage(0, 0, 7 * batch))
+    with pytest.warns(UserWarning, match=r"data\.prefetch lowered to 3"):  # 2 workers x 3 + 1 = 7 batches
+        assert check_data(data, 1, seed=0).prefetch == 3
+    with pytest.warns(UserWarning, match=r"lowered to 1"):  # 2 processes here: 2 x (2 x 1) + 2 = 6 batches
+        assert check_data(data, 2, seed=0, processes=2).prefetch == 1
+    with pytest.raises(DataError, match=r"data\.prefetch=2 x data\.num_workers=2 x 2 process\(es\)"):
+        check_data(replace(data, prefetch=2), 2, seed=0, processes=2)
+    assert check_data(DataConfig(), 1, seed=0).prefetch is None  # synthetic clips: no loader workers to size

@@ -7,10 +7,12 @@ import os
 import random
 import shutil
 import tarfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import DataError
+from .batch import PREFETCH
 from .layout import SPLIT_FILE, split_parts
 from .shard_check import FIX, indexed_damage, whole_members
 
@@ -62,25 +64,52 @@ SHARED_MEMORY = Path("/dev/shm")
 """Where torch's loader workers put the batches they hand over (Linux)."""
 
 
-def check_shared_memory(
-    batch_bytes: int, num_workers: int, prefetch: int, processes: int = 1, folder: Path = SHARED_MEMORY
-) -> None:
-    """Refuse a loader whose workers' batches in flight would not fit in shared memory: each of ``num_workers``
-    workers of each of ``processes`` training processes on this machine holds up to ``prefetch`` batches of
-    ``batch_bytes`` there (all of them while the first step compiles), and a full ``folder`` kills the loader
-    with a bus error mid-run. Nothing to check without workers or where ``folder`` does not exist."""
+def loader_prefetch(
+    batch_bytes: int,
+    num_workers: int,
+    prefetch: int | None,
+    processes: int = 1,
+    folder: Path | None = None,
+) -> int:
+    """Batches each loader worker may prepare ahead: ``prefetch``, or with None :data:`~.batch.PREFETCH`, or
+    fewer where that many would not fit in shared memory (warned).
+
+    Each of ``num_workers`` workers of each of ``processes`` training processes on this machine holds up to that
+    many batches of ``batch_bytes`` in ``folder`` (``/dev/shm``; all of them while the first step compiles), and
+    a full ``folder`` kills the loader with a bus error mid-run: a ``prefetch`` that does not fit, or a loader
+    that does not fit even at 1, raises ``DataError``. Nothing is checked without workers or where ``folder``
+    does not exist.
+    """
+    folder = SHARED_MEMORY if folder is None else folder
+    wanted = PREFETCH if prefetch is None else prefetch
     if num_workers < 1 or not folder.is_dir():
-        return
-    batches = processes * num_workers * prefetch + processes  # plus the batch each process is reading
-    needed, free = batches * batch_bytes, shutil.disk_usage(folder).free
-    if needed > free:
-        gib = 2**30
-        raise DataError(
-            f"data.prefetch={prefetch} x data.num_workers={num_workers} x {processes} process(es) on this machine "
-            f"keep up to {batches} batches of {batch_bytes / gib:.2f} GiB in shared memory ({needed / gib:.1f} GiB), "
-            f"but {folder} has {free / gib:.1f} GiB free: the loader would die with a bus error. Give it more "
-            "(docker run --shm-size=... or --ipc=host) or lower data.prefetch or data.num_workers"
+        return wanted
+    free = shutil.disk_usage(folder).free
+
+    def needed(ahead: int) -> int:  # plus the batch each process is reading
+        return (processes * num_workers * ahead + processes) * batch_bytes
+
+    if needed(wanted) <= free:
+        return wanted
+    fits = max((ahead for ahead in range(1, wanted) if needed(ahead) <= free), default=0)
+    shown = f"{processes * num_workers * wanted + processes} batches of {_size(batch_bytes)}"
+    what = (
+        f"data.prefetch={wanted} x data.num_workers={num_workers} x {processes} process(es) on this machine keep up "
+        f"to {shown} in shared memory ({_size(needed(wanted))}), but {folder} has {_size(free)} free"
+    )
+    more = "give it more (docker run --shm-size=... or --ipc=host)"
+    if prefetch is None and fits:
+        warnings.warn(
+            f"{what}: data.prefetch lowered to {fits}, which may starve the GPU on real footage; {more}",
+            stacklevel=2,
         )
+        return fits
+    lower = f"data.prefetch={fits} fits" if fits else "lower data.num_workers or data.micro_batch_size"
+    raise DataError(f"{what}: the loader would die with a bus error. {more[0].upper()}{more[1:]}, or {lower}")
+
+
+def _size(size: float) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
 
 
 def _sample_members(shards: list[Path], count: int, seed: int, unreadable: list[str]) -> list[tuple[str, bytes]]:

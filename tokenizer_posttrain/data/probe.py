@@ -382,7 +382,7 @@ def clip_problems(info: VideoInfo, frames: int, crop: int, resize_short_side: in
             # Keyframe starts need a few keyframes to start from; with one, every clip would open the video.
             other = " (or set data.start=keyframe: README, Clip starts)" if info.keyframes >= 4 else ""
             flag, pixels = _smaller_transcode(info, resize_short_side)
-            of_size = f" of {info.width}x{info.height}" if flag else ""
+            of_size = f" of {shown_width}x{shown_height}" if flag else ""
             problems.append(
                 Problem(
                     "warning",

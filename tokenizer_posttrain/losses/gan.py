@@ -61,11 +61,12 @@ class GANConfig:
     """Scale the generator term by ||grad rec|| / (||grad gan|| + 1e-4) at the decoder's last layer (taming's rule)."""
     adaptive_max: float = 1e4
     """Upper clamp of the adaptive weight."""
-    adaptive_every: int = 8
+    adaptive_every: int = 1
     """Recompute the adaptive weight every this many optimizer steps and reuse it in between (1: every
-    micro-batch, taming's rule exactly). Each computation takes two more gradient evaluations, which under
-    ``model.compile`` run the whole compiled backward pass each: every step, they more than double the GAN
-    stage's cost (docs/benchmarks.md); the weight, a ratio of gradient norms, drifts slowly between."""
+    micro-batch, taming's rule exactly). The training step takes both gradients apart at the reconstruction and
+    carries them through the decoder's last layer alone, at the cost of two small convolutions; only with
+    loss.consistency on (its windows pass through that layer too) does each computation take two more backward
+    passes of network and loss, and then a larger value saves them (the launch warns)."""
     disc_start: int = 0
     """Optimizer step (0-based) from which the discriminator trains."""
     gen_start: int = 0
@@ -335,5 +336,10 @@ def adaptive_weight(
     the backward pass that follows."""
     (rec_grad,) = torch.autograd.grad(reconstruction_loss, last_layer, retain_graph=True)
     (gan_grad,) = torch.autograd.grad(gan_loss, last_layer, retain_graph=True)
+    return gradient_ratio(rec_grad, gan_grad, max_weight)
+
+
+def gradient_ratio(rec_grad: Tensor, gan_grad: Tensor, max_weight: float = 1e4) -> Tensor:
+    """:func:`adaptive_weight` from the two gradients at the last weight, however they were computed."""
     ratio = rec_grad.float().norm() / (gan_grad.float().norm() + 1e-4)
     return ratio.clamp(0.0, max_weight).detach()

@@ -154,11 +154,26 @@ class Decoder(nn.Module):
 
     def _head(self, h: Tensor) -> Tensor:
         # The widest activations of the decoder (full resolution, fp32 under autocast): worth recomputing.
-        return self.unpatcher3d(self.conv_out(silu(self.norm_out(h))))
+        return self.tail(self._head_input(h))
 
-    def forward(self, z: Tensor) -> Tensor:
+    def _head_input(self, h: Tensor) -> Tensor:
+        return self.conv_out[0](silu(self.norm_out(h)))
+
+    def _head_and_input(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        head_input = self._head_input(h)
+        return self.tail(head_input), head_input
+
+    def tail(self, head_input: Tensor) -> Tensor:
+        """The decoder's last layer (``conv_out``'s temporal convolution) and the unpatching, from that layer's
+        input: the video."""
+        return self.unpatcher3d(self.conv_out[1](head_input))
+
+    def forward(self, z: Tensor, with_head_input: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """The video decoded from ``z``; with ``with_head_input``, also the input of the last layer
+        (:meth:`tail`), from which gradients at that layer's weights cost one small convolution."""
         h = run_segment(self._stem, z, self.activation_checkpointing, self.segment_wrapper)
         h = self.mid(h)
         for level in reversed(self.up):
             h = level(h)
-        return run_segment(self._head, h, self.activation_checkpointing, self.segment_wrapper)
+        head = self._head_and_input if with_head_input else self._head
+        return run_segment(head, h, self.activation_checkpointing, self.segment_wrapper)

@@ -14,11 +14,14 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-Segment = Callable[[Tensor], Tensor]
+Segment = Callable[[Tensor], "Tensor | tuple[Tensor, ...]"]
+"""A piece: a tensor in, a tensor (or a few) out."""
 SegmentWrapper = Callable[[Segment], Segment]
 
 
-def run_segment(fn: Segment, x: Tensor, recompute: bool, wrapper: SegmentWrapper | None = None) -> Tensor:
+def run_segment(
+    fn: Segment, x: Tensor, recompute: bool, wrapper: SegmentWrapper | None = None
+) -> Tensor | tuple[Tensor, ...]:
     """``fn(x)``, through ``wrapper(fn)`` when one is set; with ``recompute`` (and autograd recording) its
     activations are recomputed in the backward pass instead of kept."""
     if wrapper is not None:

@@ -124,6 +124,11 @@ class CausalVideoTokenizer(nn.Module):
         self.check_video(x)
         return self._decode(self._encoding(x).latent)
 
+    def decode_with_head_input(self, latent: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`decode`, and the input of the decoder's last layer (``decoder.tail`` maps it to the video)."""
+        self.check_latent(latent)
+        return self.decoder(self.post_quant_conv(latent), with_head_input=True)
+
 
 class _InverseQuantizer(nn.Module):
     """Holds the shared quantizer under ``inv_quant.quantizer`` in the decoder layout."""

@@ -252,6 +252,12 @@ class StepAcceleration:
         """The loss, compiled on its own under ``compile_scope=blocks`` (the network is compiled piecewise)."""
         return compile_module_call(fn) if self.config.compile and self.config.compile_scope == "blocks" else fn
 
+    def wrap_part(self, fn: Fn) -> Fn:
+        """A part of the training forward that runs on its own (the GAN stage's network and loss, whose
+        gradients it takes apart): compiled under ``compile_scope=step`` (no CUDA graphs, which that stage
+        turns off); under ``blocks`` its pieces are compiled already."""
+        return compile_module_call(fn) if self.config.compile and self.config.compile_scope == "step" else fn
+
     def begin_micro_batch(self) -> None:
         """Before each micro-batch's forward: under CUDA graphs a new replay, so the outputs of the last one
         are no longer read."""

@@ -6,7 +6,8 @@ stepped by hand, because Lightning drives only one optimizer that way):
 
 1. every micro-batch: the tokenizer's loss terms and reconstruction (the compiled step); from ``gen_start`` on,
    the generator term ``weight x ramp x adaptive weight x G(D(reconstruction))`` with the discriminator's
-   weights frozen, added to the total Lightning back-propagates;
+   weights frozen, added to the total Lightning back-propagates (with the adaptive weight, network and loss
+   run as two parts so that its gradients cost next to nothing: ``TokenizerModel.split_adversarial_step``);
 2. every micro-batch from ``disc_start`` on: the discriminator's loss on the real clip and the detached
    reconstruction (plus LeCam and R1 when set), back-propagated at once into the discriminator's gradients,
    divided by the micro-batches per step so that they accumulate to a mean as the tokenizer's do;
@@ -105,26 +106,41 @@ class AdversarialStage:
         factor = self.config.gen_factor(step)
         if factor == 0:
             return {}
-        self.discriminator.requires_grad_(False)
-        try:
-            g_loss = generator_loss(self.config.loss, self.discriminator(reconstruction))
-        finally:
-            self.discriminator.requires_grad_(True)
+        g_loss = self.generator_loss(reconstruction)
         if self.config.adaptive and last_layer is not None and torch.is_grad_enabled():
-            weight = self._adaptive_weight(reconstruction_loss, g_loss, last_layer, step)
+            if self.adaptive_due(step):
+                self.adaptive_computed(
+                    adaptive_weight(reconstruction_loss, g_loss, last_layer, self.config.adaptive_max), step
+                )
+            assert self.adaptive is not None
+            weight = self.adaptive
         else:
             weight = torch.ones((), device=g_loss.device)
-        return {"gan_g": g_loss, "gan_weight": (weight * self.config.weight * factor).detach()}
+        return {"gan_g": g_loss, "gan_weight": self.gan_weight(weight, step)}
 
-    def _adaptive_weight(self, reconstruction_loss: Tensor, g_loss: Tensor, last_layer: Tensor, step: int) -> Tensor:
-        """taming's weight, computed now, or the last one while ``loss.gan.adaptive_every`` says to reuse it."""
+    def generator_loss(self, reconstruction: Tensor) -> Tensor:
+        """The generator's loss on ``reconstruction``, the discriminator frozen (gradients reach the
+        reconstruction only)."""
+        self.discriminator.requires_grad_(False)
+        try:
+            return generator_loss(self.config.loss, self.discriminator(reconstruction))
+        finally:
+            self.discriminator.requires_grad_(True)
+
+    def gan_weight(self, adaptive: Tensor, step: int) -> Tensor:
+        """The generator term's factor at optimizer ``step`` for the adaptive weight ``adaptive`` (detached)."""
+        return (adaptive * self.config.weight * self.config.gen_factor(step)).detach()
+
+    def adaptive_due(self, step: int) -> bool:
+        """Whether taming's weight is computed at optimizer ``step`` (every micro-batch with
+        ``loss.gan.adaptive_every=1``), rather than the last one reused."""
         every = self.config.adaptive_every
-        due = self.adaptive is None or (step % every == 0 and step != self.adaptive_step)
-        if every == 1 or due:
-            self.adaptive = adaptive_weight(reconstruction_loss, g_loss, last_layer, self.config.adaptive_max)
-            self.adaptive_step = step
-        assert self.adaptive is not None
-        return self.adaptive
+        return every == 1 or self.adaptive is None or (step % every == 0 and step != self.adaptive_step)
+
+    def adaptive_computed(self, weight: Tensor, step: int) -> None:
+        """Keep ``weight``, computed at optimizer ``step``, for the steps that reuse it."""
+        self.adaptive = weight.detach()
+        self.adaptive_step = step
 
     # The discriminator side -----------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..data.batch import CLIP_FRAMES, CLIP_SIZE, PREFETCH
+from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.clip_start import CLIP_STARTS, DECODERS
 from ..losses.loss import LossConfig  # the loss.* group lives with the terms it configures
 
@@ -159,10 +159,11 @@ class DataConfig:
     flip): the decoding, most of the loader's work, is paid once for all of them. They land side by side in a
     micro-batch (data.micro_batch_size must be a multiple), so a batch holds fewer distinct stretches of video
     (README, "Several crops per decode"). Real data only: synthetic clips are made one by one."""
-    prefetch: int = PREFETCH
+    prefetch: Optional[int] = None
     """Batches each loader worker may prepare ahead (energon's prefetch_factor). The loader hands batches over
     in order, so while it waits for one worker's batch the others can only work this far ahead; each costs a
-    micro-batch of shared memory (/dev/shm). No effect with num_workers=0."""
+    micro-batch of shared memory (/dev/shm). None: 6 (data.batch.PREFETCH), or as many as fit in the shared
+    memory free at launch (warned); a number that does not fit is refused. No effect with num_workers=0."""
     frames: int = CLIP_FRAMES
     """Frames per clip (1 + 8k for the 8x temporal models)."""
     height: int = CLIP_SIZE
@@ -217,7 +218,10 @@ class DataConfig:
             "share a micro-batch)",
         )
         _require(
-            _integer_from(self.prefetch, 1), "data.prefetch", self.prefetch, "must be a positive number of batches"
+            self.prefetch is None or _integer_from(self.prefetch, 1),
+            "data.prefetch",
+            self.prefetch,
+            "must be a positive number of batches, or null (as many as fit, up to 6)",
         )
         _require(
             isinstance(self.synthetic_cache, bool), "data.synthetic_cache", self.synthetic_cache, "use true or false"

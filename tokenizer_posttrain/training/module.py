@@ -19,6 +19,7 @@ from ..evaluation.metrics import video_psnr, video_ssim
 from ..io.checkpoint import CONFIG_KEY, TRAIN_OVERRIDES, load_tokenizer
 from ..losses import Loss, LossConfig, build_loss
 from ..losses.consistency import ConsistencyWindows
+from ..losses.gan import gradient_ratio
 from ..network import CausalVideoTokenizer, build_tokenizer
 from .acceleration import StepAcceleration
 from .adversarial import CHECKPOINT_KEY as ADVERSARIAL_KEY
@@ -31,6 +32,8 @@ from .trainable import configure_trainable
 
 RECONSTRUCTION = "reconstruction"
 """The step's output key for the reconstruction, present only with loss.gan on (it is no loss term)."""
+TAIL_PREFIX = "decoder.conv_out.1."
+"""Parameters of the decoder's last layer, which ``decoder.tail`` applies."""
 
 
 class TokenizerModel(pl.LightningModule):
@@ -69,12 +72,25 @@ class TokenizerModel(pl.LightningModule):
             self.model_config = replace(self.model_config, cuda_graphs=False)
         # A name, not the parameter: a Parameter set as an attribute would join this module's state dict.
         self._gan_last_layer = gan_last_layer(self.network) if self.adversarial is not None and gan.adaptive else None
+        last = self._gan_last_layer
+        whole = last is not None and (self.loss_config.consistency.ever_on or not last.startswith(TAIL_PREFIX))
+        if whole and gan.adaptive_every < 8:
+            warnings.warn(
+                f"loss.gan.adaptive_every={gan.adaptive_every}: with loss.consistency on, or the last trained weight "
+                f"({self._gan_last_layer}) before the decoder's last layer, each computation of the adaptive weight "
+                "takes two more backward passes of network and loss; loss.gan.adaptive_every=8 computes it every "
+                "8 steps (README, Adversarial fine-tuning)",
+                stacklevel=2,
+            )
         self.acceleration = StepAcceleration(self.model_config)
         self.acceleration.apply(self.network, self.loss)
         if self.adversarial is not None:
             self.acceleration.apply_discriminator(self.adversarial)
         self.step_forward = self.acceleration.wrap_step(self._step_forward)
         self._loss_call = self.acceleration.wrap_loss(self.loss.forward)
+        # The GAN stage's step with the adaptive weight (split_adversarial_step): network and loss as two parts.
+        self._network_part = self.acceleration.wrap_part(self._reconstruct_with_head_input)
+        self._loss_part = self.acceleration.wrap_part(self._loss_call)
         self.guard = StepGuard(max_bad_steps, gradient_clip_val)
 
     @property
@@ -104,6 +120,15 @@ class TokenizerModel(pl.LightningModule):
                 latent = self.network.encoding(video).latent
             return self.network.decode(latent)
         return self.network(video)
+
+    def _reconstruct_with_head_input(self, video: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`reconstruct`, and the input of the decoder's last layer."""
+        if self.model_config.trainable == "decoder" and self.training:
+            with torch.no_grad():
+                latent = self.network.encoding(video).latent
+        else:
+            latent = self.network.encoding(video).latent
+        return self.network.decode_with_head_input(latent)
 
     def consistency_windows(self, video: Tensor, weights: dict[str, float]) -> ConsistencyWindows | None:
         """The network's outputs on the overlapping windows of every clip, all in one batch (one more network
@@ -153,14 +178,69 @@ class TokenizerModel(pl.LightningModule):
         terms.update(self.adversarial.discriminator_backward(real, reconstruction, step, micro_batches))
         return terms
 
+    def splits_adversarial_step(self, weights: dict[str, float]) -> bool:
+        """Whether this micro-batch runs :meth:`split_adversarial_step`: the generator term on with the adaptive
+        weight, whose last layer is the decoder's :meth:`tail` (not with loss.consistency, whose windows pass
+        through that layer too)."""
+        stage = self.adversarial
+        return (
+            stage is not None
+            and self._gan_last_layer is not None
+            and self._gan_last_layer.startswith(TAIL_PREFIX)
+            and torch.is_grad_enabled()
+            and stage.config.gen_factor(self.global_step) > 0
+            and self.loss.consistency(weights) is None
+        )
+
+    def split_adversarial_step(self, video: Tensor, mask: Tensor, weights: dict[str, float]) -> dict[str, Tensor]:
+        """The step of :meth:`adversarial_terms` with taming's adaptive weight at the cost of two small
+        convolutions, not two more backward passes of network and loss.
+
+        The loss terms and the generator term run on a detached copy of the reconstruction, so the gradient of
+        each at the reconstruction is computed once, through the loss (and the discriminator) alone. The
+        gradients at the last layer's weights follow from them through the decoder's :meth:`tail` alone, from
+        its saved input; their norms give the weight. The total's gradient at the reconstruction, the sum of
+        the two weighted, then seeds the network's backward pass through a stand-in loss that adds zero to the
+        value: the same gradients as back-propagating ``rec + weight x gan`` whole, by linearity.
+        """
+        stage = self.adversarial
+        assert stage is not None and self._gan_last_layer is not None
+        step = self.global_step
+        reconstruction, head_input = self._network_part(video)
+        leaf = reconstruction.detach().requires_grad_(True)
+        terms = dict(self._loss_part(leaf, video, mask, weights, None))
+        visible = mask.to(video.dtype)
+        g_loss = stage.generator_loss(leaf * visible)
+        (rec_grad,) = torch.autograd.grad(terms["loss"], leaf)
+        (gan_grad,) = torch.autograd.grad(g_loss, leaf)
+        if stage.adaptive_due(step):
+            last = self.network.get_parameter(self._gan_last_layer)
+            with torch.enable_grad():
+                tail = self.network.decoder.tail(head_input.detach())
+            (rec_w,) = torch.autograd.grad(tail, last, rec_grad, retain_graph=True)
+            (gan_w,) = torch.autograd.grad(tail, last, gan_grad)
+            stage.adaptive_computed(gradient_ratio(rec_w, gan_w, stage.config.adaptive_max), step)
+        assert stage.adaptive is not None
+        gan_weight = stage.gan_weight(stage.adaptive, step)
+        seed = (rec_grad + gan_weight.to(gan_grad.dtype) * gan_grad).detach()
+        stand_in = (reconstruction * seed).sum()
+        value = terms["loss"].detach() + gan_weight * g_loss.detach()
+        terms.update(loss=value + (stand_in - stand_in.detach()), gan_g=g_loss.detach(), gan_weight=gan_weight)
+        micro_batches = self.trainer.accumulate_grad_batches if self._trainer else 1
+        terms.update(stage.discriminator_backward(video * visible, reconstruction * visible, step, micro_batches))
+        return terms
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         video, mask = self._input(batch)
         # Terms are built and moved outside the compiled step; a term at weight 0 now is not computed.
         weights = self.loss.prepare(self.global_step, video.device)
         self.acceleration.begin_micro_batch()
-        terms = self.step_forward(video, mask, weights)
-        if self.adversarial is not None:
-            terms = self.adversarial_terms(terms, video, mask)
+        if self.splits_adversarial_step(weights):
+            terms = self.split_adversarial_step(video, mask, weights)
+        else:
+            terms = self.step_forward(video, mask, weights)
+            if self.adversarial is not None:
+                terms = self.adversarial_terms(terms, video, mask)
         # A NaN/Inf loss is not caught here: it makes NaN gradients, which on_before_optimizer_step
         # detects after DDP's all-reduce, so every rank skips the same step. Returning None on one
         # rank would leave the others waiting in the all-reduce.

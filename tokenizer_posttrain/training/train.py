@@ -5,7 +5,7 @@ import signal
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import EMAWeightAveraging
 from lightning.pytorch.utilities import rank_zero_only
 
 from ..core.errors import UserError
+from ..data.batch import PREFETCH
 from ..data.fake import SyntheticVideoDataModule
 from ..losses.loss import build_loss
 from ..network.registry import get_config
@@ -193,7 +194,7 @@ def build_datamodule(
         spec,
         micro_batch_size=data.micro_batch_size,
         num_workers=data.num_workers,
-        prefetch=data.prefetch,
+        prefetch=PREFETCH if data.prefetch is None else data.prefetch,
         shuffle_buffer_size=data.shuffle_buffer_size,
         max_samples_per_sequence=data.max_samples_per_sequence,
         seed=seed,
@@ -201,17 +202,20 @@ def build_datamodule(
     )
 
 
-def check_data(data: DataConfig, world_size: int, seed: int) -> None:
-    """Preflight of a real dataset: refuse to start when its videos cannot give the clips."""
+def check_data(data: DataConfig, world_size: int, seed: int, processes: int = 1, multiple_of: int = 8) -> DataConfig:
+    """Preflight of a real dataset: refuse to start when its videos cannot give the clips, or its loader's
+    batches in flight would not fit in shared memory (``processes``: training processes on this machine;
+    ``multiple_of``: the model's spatial compression, which aspect buckets round to). Returns ``data`` with
+    ``data.prefetch`` resolved (:func:`~tokenizer_posttrain.data.preflight.loader_prefetch`)."""
     if data.path is None:
-        return
-    from ..data.preflight import check_gpu_decoding, check_shared_memory, check_worker_share, preflight
+        return data
+    from ..data.preflight import check_gpu_decoding, check_worker_share, loader_prefetch, preflight
 
     check_worker_share(data.path, world_size, data.num_workers)
-    # bf16 clips; the all-ones loss mask is one stored element, the rest is small.
-    clip_bytes = 3 * data.frames * data.height * data.width * 2
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", min(world_size, 8)))
-    check_shared_memory(data.micro_batch_size * clip_bytes, data.num_workers, data.prefetch, local)
+    # bf16 clips of the largest shape the run takes; the all-ones loss mask is one stored element.
+    pixels = max(height * width for height, width in clip_sizes(data, multiple_of))
+    batch_bytes = data.micro_batch_size * 3 * data.frames * pixels * 2
+    prefetch = loader_prefetch(batch_bytes, data.num_workers, data.prefetch, processes)
     if data.decode == "gpu":
         check_gpu_decoding(data.path, data.num_workers, seed)
     problems = preflight(
@@ -229,6 +233,7 @@ def check_data(data: DataConfig, world_size: int, seed: int) -> None:
             "training will skip these (damaged shards, unusable sampled videos):\n  " + "\n  ".join(problems[:10]),
             stacklevel=2,
         )
+    return replace(data, prefetch=prefetch)
 
 
 def _forward_sigusr1_as_sigterm() -> None:
@@ -333,7 +338,15 @@ def train(
                 problems.check(lambda: check_loss_clips(model, data, loss))
                 par = problems.check(lambda: resolve_parallelism(trainer, data))
                 model = resolve_compile(model, par.accelerator if par else "cpu")
-                problems.check(lambda: check_data(data, par.world_size if par else 1, trainer.seed))
+                checked = problems.check(
+                    lambda: check_data(
+                        data,
+                        par.world_size if par else 1,
+                        trainer.seed,
+                        par.devices if par else 1,
+                        get_config(model.model).spatial_compression,
+                    )
+                )
                 pl.seed_everything(trainer.seed, workers=True, verbose=False)
                 problems.check(lambda: build_loss(loss))  # its weight files on their own: the module stops at the first
                 if trainer.max_steps > 0:
@@ -366,7 +379,7 @@ def train(
         problems.raise_any(held)
         assert par is not None and module is not None
         module.hparams["data"] = asdict(data)  # for the model card of the export and the check on resume
-        datamodule = build_datamodule(data, model, trainer.seed, resume.skip_pickled_states)
+        datamodule = build_datamodule(checked or data, model, trainer.seed, resume.skip_pickled_states)
         limit_val_batches = trainer.limit_val_batches
         if data.path is not None and not datamodule.has_validation:
             warnings.warn(f"{data.path} has no val split: validation is off", stacklevel=2)
