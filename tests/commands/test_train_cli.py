@@ -118,8 +118,9 @@ of the clips a rank sees, in the order it sees them), so they differ from one pr
 The adaptive weight, recomputed at every micro-batch (``adaptive_every=1``), is taken from that micro-batch's own
 gradients (autograd.grad, before any all-reduce), on a rank as in one process: with the same micro-batch size either
 way (1 here) it is the same number for the same clip, so adaptive on is exact too. With other micro-batch sizes on
-the two sides it would legitimately differ, and so it does with the default ``adaptive_every=8``: each rank reuses
-the weight of its own first micro-batch, one process that of the step's first."""
+the two sides it would legitimately differ, and so it does with ``adaptive_every=8``: each rank reuses the weight of
+its own first micro-batch, one process that of the step's first. (The default, null, is 1 here: the step takes the
+weight's gradients apart, TokenizerModel.split_adversarial_step.)"""
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from tests.training.conftest import tiny
 from tests.training.test_step_guard import Recorder
 from tokenizer_posttrain.losses.gan import GANConfig, adaptive_weight, generator_loss
 from tokenizer_posttrain.training.adversarial import CHECKPOINT_KEY
-from tokenizer_posttrain.training.config import LossConfig, ModelConfig, OptimConfig
+from tokenizer_posttrain.training.config import LoRAConfig, LossConfig, ModelConfig, OptimConfig
 from tokenizer_posttrain.training.module import RECONSTRUCTION, TokenizerModel, gan_last_layer
 
 SMALL = {"channels": 8, "layers": 2}
@@ -219,11 +219,15 @@ def test_a_compiled_channels_last_discriminator_trains_as_the_plain_one(
 
 
 @pytest.mark.parametrize(
-    ("name", "settings"), [("CV8x8x8", {}), ("DV8x16x16", {}), ("CV8x8x8", {"trainable": "decoder"})]
+    ("name", "settings"),
+    [("CV8x8x8", {}), ("DV8x16x16", {}), ("CV8x8x8", {"trainable": "decoder"}), ("CV8x8x8", {"lora": LoRAConfig(2)})],
+    ids=["cv", "dv", "decoder-only", "lora"],
 )
 def test_the_split_step_has_the_gradients_and_weight_of_the_whole_backward_pass(name: str, settings: dict) -> None:
     # The step before the split: the adaptive weight by autograd through network and loss, then one backward pass.
+    torch.manual_seed(1)  # the same LoRA adapters' initial weights in both
     whole = TokenizerModel(tiny(name, **settings), loss=gan_loss(weight=0.25))
+    torch.manual_seed(1)
     split = TokenizerModel(tiny(name, **settings), loss=gan_loss(weight=0.25))
     torch.manual_seed(0)
     video = torch.rand(2, 3, 9, 32, 32) * 2 - 1
@@ -233,8 +237,9 @@ def test_the_split_step_has_the_gradients_and_weight_of_the_whole_backward_pass(
     assert split.splits_adversarial_step(weights)
     expected = whole.adversarial_terms(whole._step_forward(video, mask, weights), video, mask)
     expected["loss"].backward()
-    got = split.split_adversarial_step(video, mask, weights)
-    got["loss"].backward()
+    got, backward = split.split_adversarial_step(video, mask, weights)
+    assert float(backward) == float(got["loss"])  # the stand-in adds nothing to the value
+    backward.backward()
     for key in ("loss", "l1", "gan_g", "gan_weight", "gan_d", "d_real", "d_fake"):
         torch.testing.assert_close(got[key].detach(), expected[key].detach(), rtol=1e-5, atol=1e-7, msg=key)
     assert float(got["gan_weight"]) > 0
@@ -255,14 +260,24 @@ def test_the_split_step_is_left_to_the_whole_pass_where_it_does_not_apply() -> N
     assert not late.splits_adversarial_step(late.loss.prepare(0, torch.device("cpu")))  # generator term off
     fixed = TokenizerModel(tiny("CV8x8x8"), loss=gan_loss(adaptive=False))
     assert not fixed.splits_adversarial_step(fixed.loss.prepare(0, torch.device("cpu")))
-    windows = LossConfig(
-        perceptual_weight=0.0,
-        consistency=ConsistencyConfig(0.5, window=9, step=4),
-        gan=GANConfig(weight=0.5, **SMALL),
-    )
+
+    def windows(**gan: object) -> LossConfig:
+        consistency = ConsistencyConfig(0.5, window=9, step=4)
+        return LossConfig(perceptual_weight=0.0, consistency=consistency, gan=GANConfig(weight=0.5, **SMALL, **gan))
+
     with pytest.warns(UserWarning, match=r"adaptive_every=1: with loss\.consistency on.*adaptive_every=8"):
-        consistent = TokenizerModel(tiny("CV8x8x8"), loss=windows)  # its windows pass through the last layer too
+        TokenizerModel(tiny("CV8x8x8"), loss=windows(adaptive_every=1))
+    consistent = TokenizerModel(tiny("CV8x8x8"), loss=windows())  # its windows pass through the last layer too
     assert not consistent.splits_adversarial_step(consistent.loss.prepare(0, torch.device("cpu")))
+    assert consistent.adversarial is not None and consistent.adversarial.adaptive_every == 8  # null: 8 here
+    # LoRA dropout would draw another mask in the tail's second run; adapters before the last layer leave it out.
+    for lora in (LoRAConfig(2, dropout=0.1), LoRAConfig(2, targets=["decoder.conv_out.0.*"])):
+        adapted = TokenizerModel(tiny("CV8x8x8", lora=lora), loss=gan_loss())
+        assert not adapted.splits_adversarial_step(adapted.loss.prepare(0, torch.device("cpu")))
+        assert adapted.adversarial is not None and adapted.adversarial.adaptive_every == 8
+    split = TokenizerModel(tiny("CV8x8x8", lora=LoRAConfig(2)), loss=gan_loss())
+    assert split.splits_adversarial_step(split.loss.prepare(0, torch.device("cpu")))
+    assert split._gan_last_layer.startswith("decoder.conv_out.1.") and split.adversarial.adaptive_every == 1
     with torch.no_grad():
         plain = TokenizerModel(tiny("CV8x8x8"), loss=gan_loss())
         assert not plain.splits_adversarial_step(plain.loss.prepare(0, torch.device("cpu")))

@@ -13,6 +13,7 @@ on its own, with the frames folded into the batch.
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -61,12 +62,13 @@ class GANConfig:
     """Scale the generator term by ||grad rec|| / (||grad gan|| + 1e-4) at the decoder's last layer (taming's rule)."""
     adaptive_max: float = 1e4
     """Upper clamp of the adaptive weight."""
-    adaptive_every: int = 1
+    adaptive_every: Optional[int] = None
     """Recompute the adaptive weight every this many optimizer steps and reuse it in between (1: every
     micro-batch, taming's rule exactly). The training step takes both gradients apart at the reconstruction and
-    carries them through the decoder's last layer alone, at the cost of two small convolutions; only with
-    loss.consistency on (its windows pass through that layer too) does each computation take two more backward
-    passes of network and loss, and then a larger value saves them (the launch warns)."""
+    carries them through the decoder's last layer alone, at the cost of two small convolutions. Where it cannot
+    (loss.consistency on, whose windows pass through that layer too; the last trained weight before that layer;
+    LoRA dropout on it), each computation takes two more backward passes of network and loss. None: 1 where the
+    step takes the gradients apart, else 8."""
     disc_start: int = 0
     """Optimizer step (0-based) from which the discriminator trains."""
     gen_start: int = 0
@@ -121,12 +123,17 @@ class GANConfig:
                 ("channels", 1),
                 ("layers", 1),
                 ("r1_every", 1),
-                ("adaptive_every", 1),
                 ("disc_start", 0),
                 ("ramp_steps", 0),
             )
             if getattr(self, name) < least
         ]
+        if self.adaptive_every is not None and not (
+            isinstance(self.adaptive_every, int)
+            and not isinstance(self.adaptive_every, bool)
+            and self.adaptive_every >= 1
+        ):
+            problems.append(f"{key}.adaptive_every={self.adaptive_every} must be >= 1 (or null: chosen by the step)")
         if self.gen_start < self.disc_start:
             problems.append(
                 f"{key}.gen_start={self.gen_start} is before {key}.disc_start={self.disc_start}; the generator needs "

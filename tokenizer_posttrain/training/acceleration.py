@@ -228,9 +228,10 @@ class StepAcceleration:
         """The same switches on the GAN stage's discriminator: compiled forward passes with ``compile`` (static
         shapes, no CUDA graphs: the stage runs between the step's graphs), channels-last with ``channels_last``.
 
-        The adaptive weight differentiates the compiled graphs with ``retain_graph`` (twice, then the step's
-        backward), which AOTAutograd refuses for graphs compiled with donated buffers: those are turned off
-        (for this process) when the stage is compiled.
+        Where the step cannot take the adaptive weight's gradients apart (``TokenizerModel.splits_adversarial_step``),
+        it differentiates the compiled graphs with ``retain_graph`` (twice, then the step's backward), which
+        AOTAutograd refuses for graphs compiled with donated buffers: those are turned off (for this process)
+        when the stage is compiled.
         """
         cfg = self.config
         if cfg.compile:

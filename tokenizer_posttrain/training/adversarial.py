@@ -62,6 +62,8 @@ class AdversarialStage:
         # The adaptive weight last computed, and at which optimizer step (loss.gan.adaptive_every > 1 reuses it).
         self.adaptive: Tensor | None = None
         self.adaptive_step = -1
+        # loss.gan.adaptive_every, resolved by the training step where the setting leaves it to it (None).
+        self.adaptive_every = config.adaptive_every or 1
         self._pending: dict[str, Any] | None = None
         self._has_grad = False
 
@@ -134,7 +136,7 @@ class AdversarialStage:
     def adaptive_due(self, step: int) -> bool:
         """Whether taming's weight is computed at optimizer ``step`` (every micro-batch with
         ``loss.gan.adaptive_every=1``), rather than the last one reused."""
-        every = self.config.adaptive_every
+        every = self.adaptive_every
         return every == 1 or self.adaptive is None or (step % every == 0 and step != self.adaptive_step)
 
     def adaptive_computed(self, weight: Tensor, step: int) -> None:

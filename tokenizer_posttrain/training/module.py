@@ -72,14 +72,23 @@ class TokenizerModel(pl.LightningModule):
             self.model_config = replace(self.model_config, cuda_graphs=False)
         # A name, not the parameter: a Parameter set as an attribute would join this module's state dict.
         self._gan_last_layer = gan_last_layer(self.network) if self.adversarial is not None and gan.adaptive else None
+        # The split step needs the last trained weight in the decoder's tail, and the tail to give on a second
+        # run what it gave in the forward pass (no LoRA dropout drawing another mask there).
         last = self._gan_last_layer
-        whole = last is not None and (self.loss_config.consistency.ever_on or not last.startswith(TAIL_PREFIX))
-        if whole and gan.adaptive_every < 8:
+        self._tail_splits = (
+            last is not None
+            and last.startswith(TAIL_PREFIX)
+            and not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.network.decoder.conv_out[1].modules())
+        )
+        whole = last is not None and (self.loss_config.consistency.ever_on or not self._tail_splits)
+        if self.adversarial is not None and gan.adaptive_every is None:
+            self.adversarial.adaptive_every = 8 if whole else 1
+        elif whole and gan.adaptive_every is not None and gan.adaptive_every < 8:
             warnings.warn(
-                f"loss.gan.adaptive_every={gan.adaptive_every}: with loss.consistency on, or the last trained weight "
-                f"({self._gan_last_layer}) before the decoder's last layer, each computation of the adaptive weight "
-                "takes two more backward passes of network and loss; loss.gan.adaptive_every=8 computes it every "
-                "8 steps (README, Adversarial fine-tuning)",
+                f"loss.gan.adaptive_every={gan.adaptive_every}: with loss.consistency on, the last trained weight "
+                f"({last}) before the decoder's last layer, or LoRA dropout on it, each computation of the adaptive "
+                "weight takes two more backward passes of network and loss; loss.gan.adaptive_every=8 (or null) "
+                "computes it every 8 steps (README, Adversarial fine-tuning)",
                 stacklevel=2,
             )
         self.acceleration = StepAcceleration(self.model_config)
@@ -181,18 +190,19 @@ class TokenizerModel(pl.LightningModule):
     def splits_adversarial_step(self, weights: dict[str, float]) -> bool:
         """Whether this micro-batch runs :meth:`split_adversarial_step`: the generator term on with the adaptive
         weight, whose last layer is the decoder's :meth:`tail` (not with loss.consistency, whose windows pass
-        through that layer too)."""
+        through that layer too, nor with LoRA dropout in that layer)."""
         stage = self.adversarial
         return (
             stage is not None
-            and self._gan_last_layer is not None
-            and self._gan_last_layer.startswith(TAIL_PREFIX)
+            and self._tail_splits
             and torch.is_grad_enabled()
             and stage.config.gen_factor(self.global_step) > 0
             and self.loss.consistency(weights) is None
         )
 
-    def split_adversarial_step(self, video: Tensor, mask: Tensor, weights: dict[str, float]) -> dict[str, Tensor]:
+    def split_adversarial_step(
+        self, video: Tensor, mask: Tensor, weights: dict[str, float]
+    ) -> tuple[dict[str, Tensor], Tensor]:
         """The step of :meth:`adversarial_terms` with taming's adaptive weight at the cost of two small
         convolutions, not two more backward passes of network and loss.
 
@@ -201,34 +211,42 @@ class TokenizerModel(pl.LightningModule):
         gradients at the last layer's weights follow from them through the decoder's :meth:`tail` alone, from
         its saved input; their norms give the weight. The total's gradient at the reconstruction, the sum of
         the two weighted, then seeds the network's backward pass through a stand-in loss that adds zero to the
-        value: the same gradients as back-propagating ``rec + weight x gan`` whole, by linearity.
+        value: the same gradients as back-propagating ``rec + weight x gan`` whole, by linearity. Returns the
+        terms (``"loss"`` their total) and the stand-in to back-propagate.
+
+        The copy is fp32: under 16-mixed its gradients have no loss scale yet (that multiplies the stand-in), and
+        in fp16 a per-pixel gradient of a mean over millions of pixels would flush to zero. The tail runs in fp32
+        for the same reason.
         """
         stage = self.adversarial
         assert stage is not None and self._gan_last_layer is not None
         step = self.global_step
         reconstruction, head_input = self._network_part(video)
-        leaf = reconstruction.detach().requires_grad_(True)
+        leaf = reconstruction.detach().float().requires_grad_(True)
         terms = dict(self._loss_part(leaf, video, mask, weights, None))
-        visible = mask.to(video.dtype)
+        visible = mask.to(leaf.dtype)
         g_loss = stage.generator_loss(leaf * visible)
         (rec_grad,) = torch.autograd.grad(terms["loss"], leaf)
         (gan_grad,) = torch.autograd.grad(g_loss, leaf)
+        terms = {name: value.detach() for name, value in terms.items()}
         if stage.adaptive_due(step):
             last = self.network.get_parameter(self._gan_last_layer)
-            with torch.enable_grad():
-                tail = self.network.decoder.tail(head_input.detach())
+            with torch.enable_grad(), torch.autocast(video.device.type, enabled=False):
+                tail = self.network.decoder.tail(head_input.detach().float())
             (rec_w,) = torch.autograd.grad(tail, last, rec_grad, retain_graph=True)
             (gan_w,) = torch.autograd.grad(tail, last, gan_grad)
             stage.adaptive_computed(gradient_ratio(rec_w, gan_w, stage.config.adaptive_max), step)
         assert stage.adaptive is not None
         gan_weight = stage.gan_weight(stage.adaptive, step)
-        seed = (rec_grad + gan_weight.to(gan_grad.dtype) * gan_grad).detach()
-        stand_in = (reconstruction * seed).sum()
-        value = terms["loss"].detach() + gan_weight * g_loss.detach()
-        terms.update(loss=value + (stand_in - stand_in.detach()), gan_g=g_loss.detach(), gan_weight=gan_weight)
+        seed = rec_grad + gan_weight * gan_grad
+        stand_in = (reconstruction.float() * seed).sum()
+        value = terms["loss"] + gan_weight * g_loss.detach()
+        terms.update(loss=value, gan_g=g_loss.detach(), gan_weight=gan_weight)
         micro_batches = self.trainer.accumulate_grad_batches if self._trainer else 1
-        terms.update(stage.discriminator_backward(video * visible, reconstruction * visible, step, micro_batches))
-        return terms
+        fake = leaf.detach().to(video.dtype) * visible.to(video.dtype)
+        terms.update(stage.discriminator_backward(video * visible.to(video.dtype), fake, step, micro_batches))
+        # Adds 0 to the value (a NaN/Inf seed makes only the gradients NaN, which the step guard skips).
+        return terms, value + (stand_in - stand_in.detach())
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         video, mask = self._input(batch)
@@ -236,16 +254,17 @@ class TokenizerModel(pl.LightningModule):
         weights = self.loss.prepare(self.global_step, video.device)
         self.acceleration.begin_micro_batch()
         if self.splits_adversarial_step(weights):
-            terms = self.split_adversarial_step(video, mask, weights)
+            terms, backward = self.split_adversarial_step(video, mask, weights)
         else:
             terms = self.step_forward(video, mask, weights)
             if self.adversarial is not None:
                 terms = self.adversarial_terms(terms, video, mask)
+            backward = terms["loss"]
         # A NaN/Inf loss is not caught here: it makes NaN gradients, which on_before_optimizer_step
         # detects after DDP's all-reduce, so every rank skips the same step. Returning None on one
         # rank would leave the others waiting in the all-reduce.
         self.guard.add_micro_batch(terms)
-        return terms["loss"]
+        return backward
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
         self.acceleration.zero_grad(optimizer, self.parameters())
