@@ -281,3 +281,17 @@ def test_the_split_step_is_left_to_the_whole_pass_where_it_does_not_apply() -> N
     with torch.no_grad():
         plain = TokenizerModel(tiny("CV8x8x8"), loss=gan_loss())
         assert not plain.splits_adversarial_step(plain.loss.prepare(0, torch.device("cpu")))
+
+
+def test_the_gan_stage_trains_under_bf16_true(tmp_path: Path) -> None:
+    # bf16 clips and tokenizer weights meet the discriminator's fp32 weights: its inputs are cast to them.
+    from tests.training.conftest import tiny_run
+    from tokenizer_posttrain.training.train import train
+
+    gan = GANConfig(weight=0.1, **SMALL)
+    run_dir = train(**tiny_run(tmp_path, steps=2, trainer={"precision": "bf16-true"}, loss={"gan": gan}))
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert saved[CHECKPOINT_KEY]["steps"] == 2
+    assert all(
+        v.dtype == torch.float32 for v in saved[CHECKPOINT_KEY]["discriminator"].values() if v.is_floating_point()
+    )

@@ -77,6 +77,12 @@ class AdversarialStage:
             disc.to(memory_format=torch.channels_last if disc.per_frame else torch.channels_last_3d)
         disc.forward_wrapper = wrapper
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The discriminator's weights' (fp32, whatever the trainer's precision): what its inputs are cast to,
+        so that bf16-true clips meet fp32 weights; autocast still picks the convolutions' precision."""
+        return next(self.discriminator.parameters()).dtype
+
     def parameters(self) -> list[nn.Parameter]:
         return list(self.discriminator.parameters())
 
@@ -125,7 +131,7 @@ class AdversarialStage:
         reconstruction only)."""
         self.discriminator.requires_grad_(False)
         try:
-            return generator_loss(self.config.loss, self.discriminator(reconstruction))
+            return generator_loss(self.config.loss, self.discriminator(reconstruction.to(self.dtype)))
         finally:
             self.discriminator.requires_grad_(True)
 
@@ -152,9 +158,9 @@ class AdversarialStage:
         if not self.config.disc_on(step):
             return {}
         cfg = self.config
-        real = real.detach()
+        real = real.detach().to(self.dtype)
         # One forward of real and fake together: one pass through the (possibly DDP-wrapped) network.
-        logits = self.wrapped(torch.cat([real, reconstruction.detach().to(real.dtype)]))
+        logits = self.wrapped(torch.cat([real, reconstruction.detach().to(self.dtype)]))
         real_logits, fake_logits = logits.float().chunk(2)
         d_loss = discriminator_loss(cfg.loss, real_logits, fake_logits)
         total = d_loss

@@ -215,8 +215,8 @@ class TokenizerModel(pl.LightningModule):
         terms (``"loss"`` their total) and the stand-in to back-propagate.
 
         The copy is fp32: under 16-mixed its gradients have no loss scale yet (that multiplies the stand-in), and
-        in fp16 a per-pixel gradient of a mean over millions of pixels would flush to zero. The tail runs in fp32
-        for the same reason.
+        in fp16 a per-pixel gradient of a mean over millions of pixels would flush to zero. The tail runs in its
+        weights' dtype (fp32 masters under mixed precision) without autocast, for the same reason.
         """
         stage = self.adversarial
         assert stage is not None and self._gan_last_layer is not None
@@ -232,7 +232,7 @@ class TokenizerModel(pl.LightningModule):
         if stage.adaptive_due(step):
             last = self.network.get_parameter(self._gan_last_layer)
             with torch.enable_grad(), torch.autocast(video.device.type, enabled=False):
-                tail = self.network.decoder.tail(head_input.detach().float())
+                tail = self.network.decoder.tail(head_input.detach().to(last.dtype))  # fp32 masters: fp32
             (rec_w,) = torch.autograd.grad(tail, last, rec_grad, retain_graph=True)
             (gan_w,) = torch.autograd.grad(tail, last, gan_grad)
             stage.adaptive_computed(gradient_ratio(rec_w, gan_w, stage.config.adaptive_max), step)
