@@ -21,6 +21,7 @@ import argparse
 import functools
 import io
 import json
+import math
 import random
 import statistics
 import tempfile
@@ -56,7 +57,8 @@ def rgb_path(data: bytes, start: int, frames: int, size: tuple[int, int], box: B
         if len(pictures) == frames:
             break
     video = torch.stack(pictures).permute(0, 3, 1, 2).float()  # [T, 3, H, W]
-    video = F.interpolate(video, size=(size[1], size[0]), mode="bilinear", antialias=False)
+    # antialias: like FFmpeg's bilinear scaler, whose filter widens with the downscaling factor.
+    video = F.interpolate(video, size=(size[1], size[0]), mode="bilinear", antialias=True)
     crop = video[:, :, box.top : box.top + box.height, box.left : box.left + box.width]
     return (crop / 127.5 - 1).to(torch.bfloat16).permute(1, 0, 2, 3).contiguous()
 
@@ -93,7 +95,8 @@ def main() -> None:
                 width, height = video.streams.video[0].codec_context.width, video.streams.video[0].codec_context.height
             total = ClipReader(io.BytesIO(data)).frames
             scale = args.short_side / min(width, height)
-            size = (round(width * scale), round(height * scale))
+            # The loader's sizes (task_encoder): even, as the scaler's chroma subsampling wants them.
+            size = (2 * math.ceil(width * scale / 2), 2 * math.ceil(height * scale / 2))
             box = Box(0, (size[0] - args.crop) // 2, args.crop, args.crop)
             rng = random.Random(0)
             starts = [rng.randrange(total - args.frames + 1) for _ in range(args.clips * args.repeats)]

@@ -4,6 +4,7 @@ entry, the adaptive weight at the decoder's last layer, decoder-only training ag
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -269,15 +270,18 @@ def test_the_split_step_is_left_to_the_whole_pass_where_it_does_not_apply() -> N
         TokenizerModel(tiny("CV8x8x8"), loss=windows(adaptive_every=1))
     consistent = TokenizerModel(tiny("CV8x8x8"), loss=windows())  # its windows pass through the last layer too
     assert not consistent.splits_adversarial_step(consistent.loss.prepare(0, torch.device("cpu")))
-    assert consistent.adversarial is not None and consistent.adversarial.adaptive_every == 8  # null: 8 here
+    assert consistent.adversarial is not None and consistent.adversarial.adaptive_every(split=False) == 8  # null
     # LoRA dropout would draw another mask in the tail's second run; adapters before the last layer leave it out.
     for lora in (LoRAConfig(2, dropout=0.1), LoRAConfig(2, targets=["decoder.conv_out.0.*"])):
         adapted = TokenizerModel(tiny("CV8x8x8", lora=lora), loss=gan_loss())
         assert not adapted.splits_adversarial_step(adapted.loss.prepare(0, torch.device("cpu")))
-        assert adapted.adversarial is not None and adapted.adversarial.adaptive_every == 8
+        assert adapted.adversarial is not None and adapted.adversarial.adaptive_every(split=False) == 8
     split = TokenizerModel(tiny("CV8x8x8", lora=LoRAConfig(2)), loss=gan_loss())
     assert split.splits_adversarial_step(split.loss.prepare(0, torch.device("cpu")))
-    assert split._gan_last_layer.startswith("decoder.conv_out.1.") and split.adversarial.adaptive_every == 1
+    assert split._gan_last_layer.startswith("decoder.conv_out.1.") and split.adversarial.adaptive_every(True) == 1
+    # 16-mixed (CUDA only; Lightning makes it bf16-mixed on a CPU): the loss scale the split gradients would lack.
+    split._trainer = SimpleNamespace(precision="16-mixed")
+    assert not split.splits_adversarial_step(split.loss.prepare(0, torch.device("cpu")))
     with torch.no_grad():
         plain = TokenizerModel(tiny("CV8x8x8"), loss=gan_loss())
         assert not plain.splits_adversarial_step(plain.loss.prepare(0, torch.device("cpu")))

@@ -81,6 +81,9 @@ def test_settings_that_define_the_run_are_compared_and_others_not(tmp_path: Path
     path = save_ckpt(tmp_path / "last.ckpt", 2, hyper_parameters={k: asdict(v) for k, v in saved.items()})
     same = tiny_run(tmp_path, model={"model": "Cosmos-1.0-Tokenizer-CV8x8x8", "compile": True}, data={"num_workers": 3})
     check_same_run(str(path), current_settings(same["model"], same["data"], same["loss"]))
+    # The adaptive weight's cadence is a speed setting too (its default changed from 8 to null).
+    same["loss"].gan.adaptive_every = 8
+    check_same_run(str(path), current_settings(same["model"], same["data"], same["loss"]))
     other = tiny_run(tmp_path, model={"trainable": "decoder", "lora": {"rank": 4}}, data={"frames": 17})
     other["model"].lora = type(other["model"].lora)(rank=4)
     with pytest.raises(SettingsChanged) as err:

@@ -67,8 +67,9 @@ class GANConfig:
     micro-batch, taming's rule exactly). The training step takes both gradients apart at the reconstruction and
     carries them through the decoder's last layer alone, at the cost of two small convolutions. Where it cannot
     (loss.consistency on, whose windows pass through that layer too; the last trained weight before that layer;
-    LoRA dropout on it), each computation takes two more backward passes of network and loss. None: 1 where the
-    step takes the gradients apart, else 8."""
+    LoRA dropout on it; trainer.precision=16-mixed, whose loss scale those gradients would lack), each
+    computation takes two more backward passes of network and loss. None: 1 where the step takes the gradients
+    apart, else 8."""
     disc_start: int = 0
     """Optimizer step (0-based) from which the discriminator trains."""
     gen_start: int = 0

@@ -62,8 +62,6 @@ class AdversarialStage:
         # The adaptive weight last computed, and at which optimizer step (loss.gan.adaptive_every > 1 reuses it).
         self.adaptive: Tensor | None = None
         self.adaptive_step = -1
-        # loss.gan.adaptive_every, resolved by the training step where the setting leaves it to it (None).
-        self.adaptive_every = config.adaptive_every or 1
         self._pending: dict[str, Any] | None = None
         self._has_grad = False
 
@@ -80,7 +78,8 @@ class AdversarialStage:
     @property
     def dtype(self) -> torch.dtype:
         """The discriminator's weights' (fp32, whatever the trainer's precision): what its inputs are cast to,
-        so that bf16-true clips meet fp32 weights; autocast still picks the convolutions' precision."""
+        so that bf16-true clips meet fp32 weights. Under mixed precision autocast still picks the convolutions'
+        precision; under bf16-true (no autocast) the discriminator runs in fp32."""
         return next(self.discriminator.parameters()).dtype
 
     def parameters(self) -> list[nn.Parameter]:
@@ -116,7 +115,7 @@ class AdversarialStage:
             return {}
         g_loss = self.generator_loss(reconstruction)
         if self.config.adaptive and last_layer is not None and torch.is_grad_enabled():
-            if self.adaptive_due(step):
+            if self.adaptive_due(step, split=False):
                 self.adaptive_computed(
                     adaptive_weight(reconstruction_loss, g_loss, last_layer, self.config.adaptive_max), step
                 )
@@ -139,10 +138,15 @@ class AdversarialStage:
         """The generator term's factor at optimizer ``step`` for the adaptive weight ``adaptive`` (detached)."""
         return (adaptive * self.config.weight * self.config.gen_factor(step)).detach()
 
-    def adaptive_due(self, step: int) -> bool:
-        """Whether taming's weight is computed at optimizer ``step`` (every micro-batch with
-        ``loss.gan.adaptive_every=1``), rather than the last one reused."""
-        every = self.adaptive_every
+    def adaptive_every(self, split: bool) -> int:
+        """``loss.gan.adaptive_every``, or where it is null: 1 in the training step that takes the weight's
+        gradients apart (``split``), 8 where each computation costs two more backward passes."""
+        return self.config.adaptive_every or (1 if split else 8)
+
+    def adaptive_due(self, step: int, split: bool) -> bool:
+        """Whether taming's weight is computed at optimizer ``step`` (every micro-batch with an
+        :meth:`adaptive_every` of 1), rather than the last one reused."""
+        every = self.adaptive_every(split)
         return every == 1 or self.adaptive is None or (step % every == 0 and step != self.adaptive_step)
 
     def adaptive_computed(self, weight: Tensor, step: int) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
+from torch.nn.modules.dropout import _DropoutNd
 
 from ..data.batch import LOSS_MASK, VIDEO
 from ..evaluation.metrics import video_psnr, video_ssim
@@ -78,12 +79,10 @@ class TokenizerModel(pl.LightningModule):
         self._tail_splits = (
             last is not None
             and last.startswith(TAIL_PREFIX)
-            and not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.network.decoder.conv_out[1].modules())
+            and not any(isinstance(m, _DropoutNd) and m.p > 0 for m in self.network.decoder.conv_out[1].modules())
         )
         whole = last is not None and (self.loss_config.consistency.ever_on or not self._tail_splits)
-        if self.adversarial is not None and gan.adaptive_every is None:
-            self.adversarial.adaptive_every = 8 if whole else 1
-        elif whole and gan.adaptive_every is not None and gan.adaptive_every < 8:
+        if whole and gan.adaptive_every is not None and gan.adaptive_every < 8:
             warnings.warn(
                 f"loss.gan.adaptive_every={gan.adaptive_every}: with loss.consistency on, the last trained weight "
                 f"({last}) before the decoder's last layer, or LoRA dropout on it, each computation of the adaptive "
@@ -190,15 +189,21 @@ class TokenizerModel(pl.LightningModule):
     def splits_adversarial_step(self, weights: dict[str, float]) -> bool:
         """Whether this micro-batch runs :meth:`split_adversarial_step`: the generator term on with the adaptive
         weight, whose last layer is the decoder's :meth:`tail` (not with loss.consistency, whose windows pass
-        through that layer too, nor with LoRA dropout in that layer)."""
+        through that layer too, nor with LoRA dropout in that layer, nor under 16-mixed's loss scaling)."""
         stage = self.adversarial
         return (
             stage is not None
             and self._tail_splits
+            and not self._loss_scaled()
             and torch.is_grad_enabled()
             and stage.config.gen_factor(self.global_step) > 0
             and self.loss.consistency(weights) is None
         )
+
+    def _loss_scaled(self) -> bool:
+        """Whether the trainer scales the loss for fp16 gradients (16-mixed): the split step's gradients, taken
+        inside the loss without that scale, would flush to zero in its fp16 convolutions."""
+        return self._trainer is not None and str(self.trainer.precision).startswith("16")
 
     def split_adversarial_step(
         self, video: Tensor, mask: Tensor, weights: dict[str, float]
@@ -214,9 +219,9 @@ class TokenizerModel(pl.LightningModule):
         value: the same gradients as back-propagating ``rec + weight x gan`` whole, by linearity. Returns the
         terms (``"loss"`` their total) and the stand-in to back-propagate.
 
-        The copy is fp32: under 16-mixed its gradients have no loss scale yet (that multiplies the stand-in), and
-        in fp16 a per-pixel gradient of a mean over millions of pixels would flush to zero. The tail runs in its
-        weights' dtype (fp32 masters under mixed precision) without autocast, for the same reason.
+        The copy is fp32, and the tail runs in its weights' dtype (fp32 masters under mixed precision) without
+        autocast: a per-pixel gradient of a mean over millions of pixels would flush to zero in fp16, and round
+        in bf16.
         """
         stage = self.adversarial
         assert stage is not None and self._gan_last_layer is not None
@@ -229,7 +234,7 @@ class TokenizerModel(pl.LightningModule):
         (rec_grad,) = torch.autograd.grad(terms["loss"], leaf)
         (gan_grad,) = torch.autograd.grad(g_loss, leaf)
         terms = {name: value.detach() for name, value in terms.items()}
-        if stage.adaptive_due(step):
+        if stage.adaptive_due(step, split=True):
             last = self.network.get_parameter(self._gan_last_layer)
             with torch.enable_grad(), torch.autocast(video.device.type, enabled=False):
                 tail = self.network.decoder.tail(head_input.detach().to(last.dtype))  # fp32 masters: fp32
@@ -245,7 +250,8 @@ class TokenizerModel(pl.LightningModule):
         micro_batches = self.trainer.accumulate_grad_batches if self._trainer else 1
         fake = leaf.detach().to(video.dtype) * visible.to(video.dtype)
         terms.update(stage.discriminator_backward(video * visible.to(video.dtype), fake, step, micro_batches))
-        # Adds 0 to the value (a NaN/Inf seed makes only the gradients NaN, which the step guard skips).
+        # Adds 0 to the value. A NaN/Inf seed makes it NaN, and the gradients, which the step guard skips; the
+        # logged terms stay what they were.
         return terms, value + (stand_in - stand_in.detach())
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:

@@ -107,7 +107,8 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
 _MODEL_KEYS = ("model", "jit_ckpt_pth", "channels", "trainable", "lora", "ema_decay")
 # crops_per_decode too: the loader's saved position counts decodes (micro_batch_size / crops_per_decode a batch).
 _DATA_KEYS = ("path", "frames", "height", "width", "resize_short_side", "aspect_buckets", "hflip", "crops_per_decode")
-_LOSS_IGNORED = {"weights_path", "frame_chunk", "l1_weight", "perceptual_weight"}
+# Of the loss: where files are, memory chunking, old names, and how often loss.gan recomputes its adaptive weight.
+_LOSS_IGNORED = {"weights_path", "frame_chunk", "l1_weight", "perceptual_weight", "adaptive_every"}
 
 
 def defining_settings(hparams: dict[str, Any]) -> dict[str, Any]:
