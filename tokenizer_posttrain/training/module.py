@@ -122,16 +122,12 @@ class TokenizerModel(pl.LightningModule):
         return batch[VIDEO].to(dtype), batch[LOSS_MASK]
 
     def reconstruct(self, video: Tensor) -> Tensor:
-        if self.model_config.trainable == "decoder" and self.training:
-            # The encoder is frozen: no activations kept for it, no gradients computed.
-            with torch.no_grad():
-                latent = self.network.encoding(video).latent
-            return self.network.decode(latent)
-        return self.network(video)
+        return self._reconstruct_with_head_input(video)[0]
 
     def _reconstruct_with_head_input(self, video: Tensor) -> tuple[Tensor, Tensor]:
         """:meth:`reconstruct`, and the input of the decoder's last layer."""
         if self.model_config.trainable == "decoder" and self.training:
+            # The encoder is frozen: no activations kept for it, no gradients computed.
             with torch.no_grad():
                 latent = self.network.encoding(video).latent
         else:
