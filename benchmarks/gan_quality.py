@@ -50,7 +50,7 @@ def laplacian_energy(video: torch.Tensor) -> float:
 
 def held_out_scores(models: dict[str, str], data: Path, frames: int, size: int, short: int, seeds: int) -> dict:
     """PSNR and sharpness of each model on ``seeds`` random held-out clips (the same clips for every model)."""
-    from tokenizer_posttrain.evaluation.evaluate import open_clips
+    from tokenizer_posttrain.evaluation.clips import open_clips
     from tokenizer_posttrain.evaluation.metrics import video_psnr
     from tokenizer_posttrain.io.checkpoint import load_tokenizer
 

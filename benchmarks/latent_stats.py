@@ -33,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tokenizer_posttrain.evaluation.evaluate import open_clips  # noqa: E402
+from tokenizer_posttrain.evaluation.clips import open_clips  # noqa: E402
 from tokenizer_posttrain.evaluation.latent_stats import Moments, dataset_latent_stats  # noqa: E402
 from tokenizer_posttrain.io.checkpoint import load_tokenizer  # noqa: E402
 from tokenizer_posttrain.network import CausalVideoTokenizer  # noqa: E402

@@ -91,7 +91,7 @@ def exported(long_videos: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 def chunks(long_videos: Path) -> torch.Tensor:
     """The four 121-frame chunks ``[4, 3, 121, 32, 32]`` in [-1, 1]."""
-    from tokenizer_posttrain.evaluation.evaluate import open_clips
+    from tokenizer_posttrain.evaluation.clips import open_clips
 
     _, clips = open_clips(str(long_videos), 121, 32, 32, None, [])
     return torch.stack([clip for _, clip in clips])

@@ -25,6 +25,7 @@ from ..core.files import atomic_path
 from ..core.untrusted import load_torch_file
 from ..io.export import CHUNK_FRAMES
 from ..network.tokenizer import CausalVideoTokenizer
+from .clips import open_clips
 
 Accelerate = Callable[[CausalVideoTokenizer], Callable[[Tensor], Tensor]]
 """Turns a network into a faster ``encode`` (training.acceleration's :func:`fast_encoder`, handed down by the
@@ -211,9 +212,7 @@ def dataset_latent_stats(
     the videos repeat (with new draws) until ``clips`` are encoded. When no video is long enough for ``frames``
     and ``fallback_frames`` is given, clips of that length instead (the positions past them pooled, see
     :meth:`Moments.extended`); what was skipped or shortened is printed. ``workers``: decoding processes (see
-    :func:`~.evaluate.open_clips`); ``accelerate``: see :func:`latent_statistics`, used on GPUs only."""
-    from .evaluate import open_clips
-
+    :func:`~.clips.open_clips`); ``accelerate``: see :func:`latent_statistics`, used on GPUs only."""
     cuda = torch.cuda.is_available()
 
     def passes(length: int, skipped: list[str]) -> Iterator[Tensor]:

@@ -19,23 +19,22 @@ from ..core.errors import CheckpointError
 from ..core.untrusted import load_torch_file
 from ..network import CausalVideoTokenizer
 from ..network.registry import REGISTRY, TokenizerConfig, get_config
-
-JIT_AUTOENCODER = "autoencoder.jit"
-JIT_ENCODER = "encoder.jit"
-JIT_DECODER = "decoder.jit"
-SAFETENSORS = "model.safetensors"
-CONFIG_JSON = "config.json"
-LIGHTNING_PREFIX = "network."
-"""Prefix of the tokenizer's keys inside our Lightning checkpoints."""
-CONFIG_KEY = "tokenizer_config"
-"""Key under which Lightning checkpoints and ``config.json`` store the tokenizer config."""
-
-
-@dataclass
-class _Weights:
-    state: dict[str, Tensor]
-    source: str
-    config: TokenizerConfig | None = None
+from .diffusers_format import DIFFUSERS_WEIGHTS, diffusers_class, read_diffusers
+from .layout import (
+    CONFIG_JSON,
+    CONFIG_KEY,
+    JIT_AUTOENCODER,
+    JIT_DECODER,
+    JIT_ENCODER,
+    LIGHTNING_PREFIX,
+    SAFETENSORS,
+    LayoutDiff,
+    Weights,
+    describe_config,
+    diff_layout,
+    expected_shapes,
+    load_safetensors,
+)
 
 
 def _normalize_key(key: str) -> str:
@@ -54,21 +53,7 @@ def _read_jit(path: Path) -> dict[str, Tensor]:
     return {_normalize_key(k): v for k, v in module.state_dict().items()}
 
 
-def load_safetensors(path: Path) -> dict[str, Tensor]:
-    """The tensors of a safetensors file (nothing in it runs); :class:`CheckpointError` naming it when it is
-    truncated or corrupt."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"cannot read {path}: {err}. The file looks truncated or corrupt.") from err
-
-
-def _read_safetensors(path: Path) -> _Weights:
-    from .diffusers_format import DIFFUSERS_WEIGHTS, diffusers_class, read_diffusers  # it builds on this module
-
+def _read_safetensors(path: Path) -> Weights:
     if path.name == DIFFUSERS_WEIGHTS and diffusers_class(path.parent):
         return read_diffusers(path.parent)
     state = load_safetensors(path)
@@ -76,7 +61,7 @@ def _read_safetensors(path: Path) -> _Weights:
     meta = path.with_name(CONFIG_JSON)
     if meta.is_file():
         config = _config_from_dict(json.loads(meta.read_text()).get(CONFIG_KEY), meta)
-    return _Weights({_normalize_key(k): v for k, v in state.items()}, str(path), config)
+    return Weights({_normalize_key(k): v for k, v in state.items()}, str(path), config)
 
 
 _FIELDS: dict[str, type] = {
@@ -136,7 +121,7 @@ def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     return ckpt
 
 
-def _read_lightning(path: Path, ema: bool = False) -> _Weights:
+def _read_lightning(path: Path, ema: bool = False) -> Weights:
     ckpt = read_checkpoint(path)
     if "state_dict" not in ckpt:
         raise CheckpointError(f"{path} is not a Lightning checkpoint (no 'state_dict' entry)")
@@ -156,7 +141,7 @@ def _read_lightning(path: Path, ema: bool = False) -> _Weights:
     lora = ((ckpt.get("hyper_parameters") or {}).get("model") or {}).get("lora") or {}
     if any(".lora_" in k for k in state):
         _fold_lora(state, lora["alpha"] / lora["rank"])
-    return _Weights(state, str(path), _config_from_dict(ckpt.get(CONFIG_KEY), path))
+    return Weights(state, str(path), _config_from_dict(ckpt.get(CONFIG_KEY), path))
 
 
 def _fold_lora(state: dict[str, Tensor], scale: float) -> None:
@@ -178,23 +163,21 @@ def _config_from_dict(data: dict[str, Any] | None, where: Path) -> TokenizerConf
         raise CheckpointError(f"{where}: invalid tokenizer config {data}: {err}") from err
 
 
-def read_weights(path: str | Path, ema: bool = False) -> _Weights:
+def read_weights(path: str | Path, ema: bool = False) -> Weights:
     """Read tokenizer weights, normalised to autoencoder-layout keys, from a file or folder (a diffusers
     ``AutoencoderKLCosmos`` folder too, with the config its ``config.json`` describes).
 
     ``ema`` picks the EMA average of a Lightning checkpoint (an error for other sources)."""
     path = Path(path).expanduser()
     if path.is_dir():
-        from .diffusers_format import diffusers_class, read_diffusers  # it builds on this module
-
         if diffusers_class(path):  # our own exports' config.json has no _class_name
             return read_diffusers(path)
         found = {n for n in (JIT_AUTOENCODER, JIT_ENCODER, JIT_DECODER, SAFETENSORS) if (path / n).is_file()}
         if JIT_AUTOENCODER in found:
-            return _Weights(_read_jit(path / JIT_AUTOENCODER), str(path / JIT_AUTOENCODER))
+            return Weights(_read_jit(path / JIT_AUTOENCODER), str(path / JIT_AUTOENCODER))
         if {JIT_ENCODER, JIT_DECODER} <= found:
             enc, dec = _read_jit(path / JIT_ENCODER), _read_jit(path / JIT_DECODER)
-            return _Weights({**dec, **enc}, f"{path / JIT_ENCODER} + {path / JIT_DECODER}")
+            return Weights({**dec, **enc}, f"{path / JIT_ENCODER} + {path / JIT_DECODER}")
         if SAFETENSORS in found:
             return _read_safetensors(path / SAFETENSORS)
         if found:
@@ -223,49 +206,10 @@ def read_weights(path: str | Path, ema: bool = False) -> _Weights:
     if has_enc != has_dec:
         half, other = ("encoder", JIT_DECODER) if has_enc else ("decoder", JIT_ENCODER)
         raise CheckpointError(f"{path} holds only the {half}; pass the folder that also has {other}")
-    return _Weights(state, str(path))
+    return Weights(state, str(path))
 
 
 # -- identifying which model a state_dict belongs to ---------------------------------------
-
-
-def expected_shapes(config: TokenizerConfig) -> dict[str, tuple[int, ...]]:
-    """Key -> shape of the autoencoder layout of ``config`` (built on the meta device)."""
-    with torch.device("meta"):
-        net = CausalVideoTokenizer(config)
-    return {k: tuple(v.shape) for k, v in net.state_dict().items()}
-
-
-@dataclass
-class LayoutDiff:
-    missing: list[str]
-    unexpected: list[str]
-    wrong_shape: list[str]
-
-    @property
-    def size(self) -> int:
-        return len(self.missing) + len(self.unexpected) + len(self.wrong_shape)
-
-    def describe(self, limit: int = 5) -> str:
-        parts = []
-        for label, items in (
-            ("missing keys", self.missing),
-            ("unexpected keys", self.unexpected),
-            ("wrong shapes", self.wrong_shape),
-        ):
-            if items:
-                shown = ", ".join(items[:limit]) + (f", ... ({len(items)} in all)" if len(items) > limit else "")
-                parts.append(f"{label}: {shown}")
-        return "; ".join(parts)
-
-
-def diff_layout(state: dict[str, Tensor], expected: dict[str, tuple[int, ...]]) -> LayoutDiff:
-    got = {k: tuple(v.shape) for k, v in state.items()}
-    return LayoutDiff(
-        missing=sorted(set(expected) - set(got)),
-        unexpected=sorted(set(got) - set(expected)),
-        wrong_shape=[f"{k} {got[k]} (expected {expected[k]})" for k in expected if k in got and got[k] != expected[k]],
-    )
 
 
 def _inferred_width(state: dict[str, Tensor], config: TokenizerConfig) -> int | None:
@@ -287,11 +231,6 @@ def identify(state: dict[str, Tensor]) -> list[tuple[TokenizerConfig, LayoutDiff
             continue
         results.append((cfg, diff_layout(state, expected_shapes(cfg))))
     return sorted(results, key=lambda item: item[1].size)
-
-
-def _describe(cfg: TokenizerConfig) -> str:
-    base = REGISTRY[cfg.name]
-    return cfg.name + (f" (channels={cfg.channels})" if cfg.channels != base.channels else "")
 
 
 @dataclass(frozen=True)
@@ -335,7 +274,7 @@ def _fix(found: TokenizerConfig, asked: TokenizerConfig, names: ModelSettingName
 
 
 def resolve_config(
-    weights: _Weights,
+    weights: Weights,
     name: str | None,
     overrides: dict[str, Any],
     setting_names: ModelSettingNames | None = None,
@@ -345,14 +284,14 @@ def resolve_config(
     ``setting_names``: how the caller's user sets the model, named in the fix when the weights do not fit."""
     ranked = identify(weights.state)
     best_cfg, best_diff = ranked[0]
-    looks_like = _describe(best_cfg) if best_diff.size == 0 else None
+    looks_like = describe_config(best_cfg) if best_diff.size == 0 else None
     if name is None:
         if weights.config is not None:
             config = weights.config.replace(**overrides) if overrides else weights.config
         elif looks_like is None:
             raise CheckpointError(
                 f"{weights.source} does not match any known Cosmos tokenizer layout. Closest is "
-                f"{_describe(best_cfg)}: {best_diff.describe()}"
+                f"{describe_config(best_cfg)}: {best_diff.describe()}"
             )
         else:
             config = best_cfg.replace(**overrides) if overrides else best_cfg
@@ -363,8 +302,10 @@ def resolve_config(
         hint = ""
         if looks_like:
             fix = _fix(best_cfg, config, setting_names)
-            hint = f"this is a {looks_like} checkpoint, you asked for {_describe(config)}: {fix}. "
-        raise CheckpointError(f"{weights.source}: {hint}The weights do not fit {_describe(config)}: {diff.describe()}")
+            hint = f"this is a {looks_like} checkpoint, you asked for {describe_config(config)}: {fix}. "
+        raise CheckpointError(
+            f"{weights.source}: {hint}The weights do not fit {describe_config(config)}: {diff.describe()}"
+        )
     return config
 
 

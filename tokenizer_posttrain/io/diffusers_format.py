@@ -26,8 +26,8 @@ from ..core.errors import CheckpointError, ExportError
 from ..network import CausalVideoTokenizer
 from ..network.haar import Patcher3D, UnPatcher3D
 from ..network.registry import REGISTRY, TokenizerConfig
-from .checkpoint import CONFIG_JSON, _describe, _Weights, diff_layout, expected_shapes, load_safetensors
 from .export import CHUNK_FRAMES, _atomic_write, prepared_copy
+from .layout import CONFIG_JSON, Weights, describe_config, diff_layout, expected_shapes, load_safetensors
 
 DIFFUSERS_CLASS = "AutoencoderKLCosmos"
 DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -157,7 +157,9 @@ def diffusers_config(config: TokenizerConfig) -> dict[str, Any]:
     ``legacy_mode`` with temporal upsampling, an encoder that does not end in ``latent_channels``)."""
     problem = _unrepresentable(config)
     if problem:
-        raise ExportError(f"no diffusers format for {_describe(config)}: {problem}; export it with --format cosmos")
+        raise ExportError(
+            f"no diffusers format for {describe_config(config)}: {problem}; export it with --format cosmos"
+        )
     widths = [config.channels * m for m in config.channels_mult]
     levels = len(widths)
     return {
@@ -342,7 +344,7 @@ def _haar_constants(config: TokenizerConfig) -> dict[str, Tensor]:
     }
 
 
-def read_diffusers(folder: str | Path) -> _Weights:
+def read_diffusers(folder: str | Path) -> Weights:
     """Read a diffusers ``AutoencoderKLCosmos`` folder (``config.json`` + ``diffusion_pytorch_model.safetensors``)
     as our weights and config. Strict: a key missing from the file, one it has over, or a shape that differs
     from what its config.json describes is a :class:`CheckpointError` naming them (in diffusers' names, as the
@@ -380,11 +382,11 @@ def read_diffusers(folder: str | Path) -> _Weights:
     if diff.size:
         raise CheckpointError(
             f"{weights}: the weights do not fit the {DIFFUSERS_CLASS} that {meta.name} describes "
-            f"({_describe(config)}), so it was altered or belongs to another folder (export or download the folder "
-            f"again): {diff.describe()}"
+            f"({describe_config(config)}), so it was altered or belongs to another folder (export or download the "
+            f"folder again): {diff.describe()}"
         )
     ours = {key: state[name] for key, name in names.items() if name is not None}
     constants = _haar_constants(config)
     if set(constants) != {key for key, name in names.items() if name is None}:
         raise RuntimeError(f"{config.name}: the Haar constants of the network changed their names")  # a bug of ours
-    return _Weights({**ours, **constants}, str(weights), config)
+    return Weights({**ours, **constants}, str(weights), config)

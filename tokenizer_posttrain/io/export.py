@@ -22,7 +22,7 @@ from ..core.errors import ExportError
 from ..core.files import atomic_path
 from ..network import AutoencoderLayout, CausalVideoTokenizer, DecoderLayout, EncoderLayout
 from ..network.lora import merge_lora
-from .checkpoint import CONFIG_JSON, CONFIG_KEY, JIT_AUTOENCODER, JIT_DECODER, JIT_ENCODER, SAFETENSORS
+from .layout import CONFIG_JSON, CONFIG_KEY, JIT_AUTOENCODER, JIT_DECODER, JIT_ENCODER, SAFETENSORS
 
 CHUNK_FRAMES = 121
 """Frames of the chunk Cosmos world models (and diffusers' Cosmos pipelines, by default) encode at once; latent

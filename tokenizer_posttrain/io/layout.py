@@ -1,0 +1,90 @@
+"""The official file set and key layout of a tokenizer: file names, the shapes a model's weights must have, and
+how a set of weights differs from them (shared by loading, export and the diffusers format)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..core.errors import CheckpointError
+from ..network import CausalVideoTokenizer
+from ..network.registry import REGISTRY, TokenizerConfig
+
+JIT_AUTOENCODER = "autoencoder.jit"
+JIT_ENCODER = "encoder.jit"
+JIT_DECODER = "decoder.jit"
+SAFETENSORS = "model.safetensors"
+CONFIG_JSON = "config.json"
+LIGHTNING_PREFIX = "network."
+"""Prefix of the tokenizer's keys inside our Lightning checkpoints."""
+CONFIG_KEY = "tokenizer_config"
+"""Key under which Lightning checkpoints and ``config.json`` store the tokenizer config."""
+
+
+@dataclass
+class Weights:
+    """Tokenizer weights read from a file, in autoencoder-layout keys, and the config stored with them."""
+
+    state: dict[str, Tensor]
+    source: str
+    config: TokenizerConfig | None = None
+
+
+def load_safetensors(path: Path) -> dict[str, Tensor]:
+    """The tensors of a safetensors file (nothing in it runs); :class:`CheckpointError` naming it when it is
+    truncated or corrupt."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read {path}: {err}. The file looks truncated or corrupt.") from err
+
+
+def expected_shapes(config: TokenizerConfig) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of the autoencoder layout of ``config`` (built on the meta device)."""
+    with torch.device("meta"):
+        net = CausalVideoTokenizer(config)
+    return {k: tuple(v.shape) for k, v in net.state_dict().items()}
+
+
+@dataclass
+class LayoutDiff:
+    missing: list[str]
+    unexpected: list[str]
+    wrong_shape: list[str]
+
+    @property
+    def size(self) -> int:
+        return len(self.missing) + len(self.unexpected) + len(self.wrong_shape)
+
+    def describe(self, limit: int = 5) -> str:
+        parts = []
+        for label, items in (
+            ("missing keys", self.missing),
+            ("unexpected keys", self.unexpected),
+            ("wrong shapes", self.wrong_shape),
+        ):
+            if items:
+                shown = ", ".join(items[:limit]) + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+                parts.append(f"{label}: {shown}")
+        return "; ".join(parts)
+
+
+def diff_layout(state: dict[str, Tensor], expected: dict[str, tuple[int, ...]]) -> LayoutDiff:
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    return LayoutDiff(
+        missing=sorted(set(expected) - set(got)),
+        unexpected=sorted(set(got) - set(expected)),
+        wrong_shape=[f"{k} {got[k]} (expected {expected[k]})" for k in expected if k in got and got[k] != expected[k]],
+    )
+
+
+def describe_config(cfg: TokenizerConfig) -> str:
+    """The model name, with its width where it is not the registered one."""
+    base = REGISTRY[cfg.name]
+    return cfg.name + (f" (channels={cfg.channels})" if cfg.channels != base.channels else "")
