@@ -1,0 +1,49 @@
+"""clips: one pass over an energon dataset's clips through the trainer's loaders, for evaluation and statistics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.videos import encode_video, write_energon_dataset
+from tokenizer_posttrain.core.errors import EvaluationError
+from tokenizer_posttrain.evaluation.clips import open_clips
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def train_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three train videos of 12 frames (no val split) and one of 5 frames, too short for a 9-frame clip."""
+    train = {f"t{i}": encode_video(12, 32, 48, seed=i) for i in range(3)}
+    train["short"] = encode_video(5, 32, 48, seed=7)
+    return write_energon_dataset(tmp_path_factory.mktemp("shards"), train)
+
+
+def test_a_missing_split_falls_back_to_the_other_and_says_so(train_only: Path) -> None:
+    skipped: list[str] = []
+    source, clips = open_clips(str(train_only), 9, 32, 32, None, skipped)
+    got = list(clips)
+    assert source == "energon train split (the dataset has no val split)"
+    assert sorted(key for key, _ in got) == ["t0", "t1", "t2"]
+    assert all(clip.shape == (3, 9, 32, 32) and clip.dtype == torch.float32 for _, clip in got)
+    assert all(clip.min() >= -1 and clip.max() <= 1 for _, clip in got)
+    assert len(skipped) == 1 and "short" in skipped[0]
+
+
+def test_the_ordered_pass_repeats_and_a_seed_draws_other_crops(train_only: Path) -> None:
+    def first(seed: int | None) -> torch.Tensor:
+        _, clips = open_clips(str(train_only), 9, 24, 24, None, [], prefer="train", seed=seed, float32=False)
+        return dict(clips)["t0"]
+
+    ordered = first(None)
+    assert ordered.dtype == torch.bfloat16 and torch.equal(ordered, first(None))
+    assert torch.equal(first(3), first(3))
+    assert any(not torch.equal(first(seed), ordered) for seed in (1, 2, 3))
+
+
+def test_a_folder_that_is_not_a_dataset_says_how_to_make_one(tmp_path: Path) -> None:
+    with pytest.raises(EvaluationError, match=r"not an energon dataset .*make-shards"):
+        open_clips(str(tmp_path), 9, 32, 32, None, [])
