@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -11,10 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from data_tools.__main__ import main as data_tools_main
 from tests.conftest import captured_output, read_metrics, reference_weights, run_script
 from tests.videos import bigbuckbunny, encode_video, write_energon_dataset
 from tokenizer_posttrain.__main__ import main
 from tokenizer_posttrain.core.errors import UserError
+from tokenizer_posttrain.data.layout import dataset_splits
 from tokenizer_posttrain.evaluation.latent_stats import MEAN_STD, dataset_latent_stats, read_latent_stats
 from tokenizer_posttrain.io.checkpoint import load_tokenizer
 from tokenizer_posttrain.io.export import export_tokenizer
@@ -57,6 +61,21 @@ def base_and_videos(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     for name in ("bigbuckbunny.mp4", "bikes.mp4"):
         shutil.copy(bigbuckbunny().parent / name, videos / name)
     return base, videos
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory, base_and_videos: tuple) -> Path:
+    """The two videos made into shards once, by the command the workflow runs for them (``make-shards`` with
+    ``--val-fraction 0.5``, one video held out; here in this process), for the runs whose point is not making shards
+    (the held-out test's run makes its own): the same files the workflow makes; read only."""
+    _, videos = base_and_videos
+    out = tmp_path_factory.mktemp("shards") / "data"
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        status = data_tools_main(["make-shards", str(videos), str(out), "--val-fraction", "0.5"])
+    assert status == 0, log.getvalue()[-4000:]
+    assert {"train", "val"} <= dataset_splits(out)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -119,13 +138,14 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
 
 
 def test_a_post_trained_tokenizer_worse_than_its_base_says_so_and_exits_3(
-    tmp_path: Path, base_with_stats: tuple
+    tmp_path: Path, base_with_stats: tuple, shards: Path
 ) -> None:
     # A learning rate of 1 wrecks the tiny model in two steps: held-out PSNR falls (6.41 -> 5.30 dB when written).
-    base, videos, _ = base_with_stats
+    # The videos' shards are made already (shards; making them is the held-out test's part of the workflow).
+    base, _, _ = base_with_stats
     options = dict(steps=2, lr="1.0", frames=9, size=32, resize_short_side=64, batch_size=1, num_workers=0)
-    options.update(val_fraction=0.5, eval_clips=1, stats_clips=1)
-    result = posttrain(base, videos, tmp_path / "run", **options)
+    options.update(eval_clips=1, stats_clips=1)
+    result = posttrain(base, shards, tmp_path / "run", **options)
     assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["verdict"] == "worse" and summary["psnr_after"] < summary["psnr_before"], summary
@@ -153,11 +173,13 @@ def test_a_post_trained_tokenizer_worse_than_its_base_says_so_and_exits_3(
     # option reaching the function is test_posttrain_cmd's; a second run here would cost ~20 s of the suite.
 
 
-def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base_with_stats: tuple) -> None:
-    base, videos, data = base_with_stats
+def test_sweep_picks_a_configuration_within_the_drift_limit(
+    tmp_path: Path, base_with_stats: tuple, shards: Path
+) -> None:
+    base, _, data = base_with_stats  # the videos' shards made already (shards)
     result = posttrain(
         base,
-        videos,
+        shards,
         tmp_path / "run",
         "--sweep",
         steps=2,
@@ -165,7 +187,6 @@ def test_sweep_picks_a_configuration_within_the_drift_limit(tmp_path: Path, base
         size=32,
         resize_short_side=64,
         num_workers=0,
-        val_fraction=0.5,
         eval_clips=1,
         sweep_steps=2,
         sweep_lrs="1e-3",
