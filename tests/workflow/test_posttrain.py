@@ -92,11 +92,12 @@ def base_with_stats(tmp_path_factory: pytest.TempPathFactory, base_and_videos: t
 
 def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, base_and_videos: tuple) -> None:
     base, videos = base_and_videos
+    # 12 steps: held-out PSNR 6.43 -> 12.95 dB when written (13.74 dB after 40), far past the +1 dB asked for.
     result = posttrain_here(
         base,
         videos,
         tmp_path / "run",
-        steps=40,
+        steps=12,
         lr="1e-3",
         frames=9,
         size=64,
@@ -122,7 +123,7 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
     # The model card comes from the run's own settings (it said base None and synthetic clips before).
     card = (export / "README.md").read_text()
     assert f"from `{base}`" in card and f"`{tmp_path / 'run' / 'data'}`, clips 9x64x64" in card, card
-    assert "| steps | 40 |" in card
+    assert "| steps | 12 |" in card
     assert card.splitlines()[2].startswith("**Verdict: better than the base: PSNR ")
     # The base has no latent statistics: the export's are computed from the training clips (two random 121-frame
     # chunks of the train split's one video, in two passes), and there is no base to show a shift against.
