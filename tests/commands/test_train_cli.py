@@ -132,6 +132,7 @@ def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_pat
     # The same 4 clips per step either way: ranks take alternate positions of one seeded stream,
     # and DDP averages over ranks what a single process averages over its 4 micro-batches.
     common = ("--factory", "tiny", "trainer.max_steps=3", "data.global_batch_size=4", "data.micro_batch_size=1")
+    common += ("data.frames=9", "data.height=32", "data.width=32")  # the recipe's 17x64x64 clips: 7.6x the pixels
     common += ("trainer.precision=32-true", "trainer.seed=1234", "log.export_on_end=false", f"log.log_dir={tmp_path}")
     common += extra
     result = run_torchrun(*common, "log.name=ddp", cwd=tmp_path, timeout=300)
