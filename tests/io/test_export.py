@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,8 @@ from tokenizer_posttrain.io.export import export_tokenizer
 
 _CLEAN_PROCESS = """
 import sys, torch
-inputs, jobs = sys.argv[1], sys.argv[2:]
-for job in jobs:  # FOLDER=OUT, or FOLDER=OUT=DTYPE to cast the modules first, as consumers do
-    folder, out, *cast = job.split("=")
+for job in sys.argv[1:]:  # INPUT=FOLDER=OUT, or INPUT=FOLDER=OUT=DTYPE to cast the modules first, as consumers do
+    inputs, folder, out, *cast = job.split("=")
     x = torch.load(inputs)
     enc = torch.jit.load(folder + "/encoder.jit")
     dec = torch.jit.load(folder + "/decoder.jit")
@@ -33,14 +33,61 @@ assert "tokenizer_posttrain" not in sys.modules
 """
 
 
-def run_clean(inputs: Path, *jobs: str, cwd: Path) -> None:
-    """Run exported folders in a fresh ``python -I`` (no tokenizer_posttrain importable): ``FOLDER=OUT[=DTYPE]``."""
-    subprocess.run([sys.executable, "-I", "-c", _CLEAN_PROCESS, str(inputs), *jobs], check=True, cwd=cwd)
+def run_clean(*jobs: str, cwd: Path) -> None:
+    """Run exported folders in a fresh ``python -I`` (no tokenizer_posttrain importable), one job an argument:
+    ``INPUT=FOLDER=OUT[=DTYPE]``."""
+    subprocess.run([sys.executable, "-I", "-c", _CLEAN_PROCESS, *jobs], check=True, cwd=cwd)
 
 
-def test_export_runs_in_a_clean_process_with_equal_outputs(model_name: str, tmp_path: Path) -> None:
-    net = load_tokenizer(reference_weights(model_name), channels=16).eval()
-    folder = export_tokenizer(net, tmp_path / "export")
+CASTS = [("float32", "bfloat16"), ("bfloat16", "float32")]
+"""(dtype of the export, dtype its modules are cast to before running)."""
+
+
+@dataclass
+class CleanRun:
+    """One model exported in fp32 and in bf16 (the session's ``exported_dirs``) and run by one fresh ``python -I``
+    process: the fp32 files on ``x`` as they are (``plain``), and each export cast as in :data:`CASTS` on ``small``
+    (``casts``)."""
+
+    net: torch.nn.Module
+    folder: Path
+    x: torch.Tensor
+    plain: dict
+    small: torch.Tensor
+    casts: dict[str, dict]
+
+
+@pytest.fixture(scope="module")
+def clean_runs() -> dict[str, CleanRun]:
+    """Each model's :class:`CleanRun`, made once a module by :func:`clean_run`."""
+    return {}
+
+
+@pytest.fixture
+def clean_run(
+    model_name: str, clean_runs: dict, exported_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> CleanRun:
+    """The :class:`CleanRun` of ``model_name``: the exports and the one fresh process that runs them all (an
+    export and a fresh process each cost seconds); read only."""
+    if model_name not in clean_runs:
+        tmp = tmp_path_factory.mktemp(f"clean_{model_name}")
+        net = load_tokenizer(reference_weights(model_name), channels=16).eval()
+        folders = {"float32": export_tokenizer(net, tmp / "float32"), "bfloat16": exported_dirs[model_name]}
+        # a clip of another length and size than the trace example: nothing is baked in
+        x = torch.rand(2, 3, 25, 48, 96 if net.is_discrete else 56) * 2 - 1
+        small = torch.rand(1, 3, 9, 16, 16) * 2 - 1  # the smallest clip both models take: bf16 on a CPU is slow
+        torch.save(x, tmp / "x.pt")
+        torch.save(small, tmp / "small.pt")
+        jobs = [f"{tmp / 'x.pt'}={folders['float32']}={tmp / 'plain.pt'}"]
+        jobs += [f"{tmp / 'small.pt'}={folders[e]}={tmp / e}.pt={c}" for e, c in CASTS]
+        run_clean(*jobs, cwd=tmp)
+        casts = {e: torch.load(tmp / f"{e}.pt") for e, _ in CASTS}
+        clean_runs[model_name] = CleanRun(net, folders["float32"], x, torch.load(tmp / "plain.pt"), small, casts)
+    return clean_runs[model_name]
+
+
+def test_export_runs_in_a_clean_process_with_equal_outputs(clean_run: CleanRun) -> None:
+    net, folder, x, got = clean_run.net, clean_run.folder, clean_run.x, clean_run.plain
     assert {p.name for p in folder.iterdir()} == {
         "encoder.jit",
         "decoder.jit",
@@ -48,11 +95,6 @@ def test_export_runs_in_a_clean_process_with_equal_outputs(model_name: str, tmp_
         "model.safetensors",
         "config.json",
     }
-    # a clip of another length and size than the trace example: nothing is baked in
-    x = torch.rand(2, 3, 25, 48, 96 if net.is_discrete else 56) * 2 - 1
-    torch.save(x, tmp_path / "x.pt")
-    run_clean(tmp_path / "x.pt", f"{folder}={tmp_path / 'out.pt'}", cwd=tmp_path)
-    got = torch.load(tmp_path / "out.pt")
     with torch.no_grad():
         rec = net(x)
         encoded = net.encode(x)
@@ -70,17 +112,11 @@ def test_export_runs_in_a_clean_process_with_equal_outputs(model_name: str, tmp_
     torch.testing.assert_close(got["dec"], rec)  # DV: exact codes, so decoding indices is the same
 
 
-def test_a_cast_export_runs_and_matches_our_network_in_that_dtype(model_name: str, tmp_path: Path) -> None:
+def test_a_cast_export_runs_and_matches_our_network_in_that_dtype(model_name: str, clean_run: CleanRun) -> None:
     # NVIDIA's diffusion loader casts the fp32 .jit files to bf16: no dtype may be frozen into the trace.
-    net = load_tokenizer(reference_weights(model_name), channels=16).eval()
-    x = torch.rand(1, 3, 9, 16, 16) * 2 - 1  # the smallest clip both models take: bf16 on a CPU is slow
-    torch.save(x, tmp_path / "x.pt")
-    cases = [("float32", "bfloat16"), ("bfloat16", "float32")]
-    for exported, _ in cases:
-        export_tokenizer(net, tmp_path / exported, dtype=getattr(torch, exported))
-    run_clean(tmp_path / "x.pt", *(f"{tmp_path / e}={tmp_path / e}.pt={c}" for e, c in cases), cwd=tmp_path)
-    for exported, cast in cases:
-        got = torch.load(tmp_path / f"{exported}.pt")
+    x = clean_run.small
+    for exported, cast in CASTS:
+        got = clean_run.casts[exported]
         dtype = getattr(torch, cast)
         # Ours in the same dtype, from the weights as the file holds them (a bf16 file has bf16-rounded weights).
         ours = load_tokenizer(reference_weights(model_name), channels=16).eval().to(getattr(torch, exported))
@@ -91,7 +127,7 @@ def test_a_cast_export_runs_and_matches_our_network_in_that_dtype(model_name: st
         assert got["auto"][0].dtype == dtype and got["dec"].dtype == dtype, (exported, cast)
         torch.testing.assert_close(got["auto"][0], rec, **tolerance)
         torch.testing.assert_close(got["dec"], rec, **tolerance)
-        if net.is_discrete:
+        if clean_run.net.is_discrete:
             assert torch.equal(got["enc"][0], encoded[0])
         else:
             torch.testing.assert_close(got["enc"][0], encoded, **tolerance)
