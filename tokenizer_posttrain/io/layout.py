@@ -4,6 +4,7 @@ how a set of weights differs from them (shared by loading, export and the diffus
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -46,10 +47,17 @@ def load_safetensors(path: Path) -> dict[str, Tensor]:
 
 
 def expected_shapes(config: TokenizerConfig) -> dict[str, tuple[int, ...]]:
-    """Key -> shape of the autoencoder layout of ``config`` (built on the meta device)."""
+    """Key -> shape of the autoencoder layout of ``config`` (built on the meta device, once per config)."""
+    return dict(_layout(config))
+
+
+@lru_cache(maxsize=256)
+def _layout(config: TokenizerConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    # Every load compares the weights with each registered model's layout: building those networks, even on the
+    # meta device, took ~0.6 s a load, and a workflow loads the same few models again and again.
     with torch.device("meta"):
         net = CausalVideoTokenizer(config)
-    return {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    return tuple((k, tuple(v.shape)) for k, v in net.state_dict().items())
 
 
 @dataclass
