@@ -11,7 +11,9 @@ checkpoint keys, no DDP buckets, no optimizer state).
 RAFT runs from torchvision's modules (the weights and layers are torchvision's) under a forward pass of ours, for
 speed: every frame of a clip goes through the feature and context encoders once (torchvision's forward encodes
 each frame of each pair, four times a frame for both directions), coordinates are made on the GPU in fp32 (no CPU
-tensors, which keep a compiled step from CUDA graphs), and only the last flow estimate is upsampled.
+tensors, which keep a compiled step from CUDA graphs), only the last flow estimate is upsampled, and the recurrent
+cells' convolutions are taken apart by input so that the context's share of their gates, the same in every update,
+is computed once (:class:`_FactoredGRU`).
 """
 
 from dataclasses import dataclass
@@ -197,15 +199,62 @@ class RAFTFlow(nn.Module):
             pairs, _, h8, w8 = first.shape
             coords0 = _coordinates(pairs, h8, w8, frames.device)
             coords1 = coords0
+            update = self.raft.update_block
+            grus = _factored_grus(update.recurrent_block, hidden_size, context.shape[1])
+            # The context does not change over the updates: its share of every gate is computed once.
+            context_gates = [gru.context_gates(context) for gru in grus]
             for _ in range(self.flow_updates):
                 # As torchvision's RAFT: no gradient through the running estimate, only through each update.
                 coords1 = coords1.detach()
                 correlation = _look_up(pyramid, coords1, corr_block.radius)
-                hidden, delta = self.raft.update_block(hidden, context, correlation, coords1 - coords0)
-                coords1 = coords1 + delta.float()
+                motion = update.motion_encoder(coords1 - coords0, correlation)
+                for gru, gates in zip(grus, context_gates, strict=True):
+                    hidden = gru(hidden, motion, gates)
+                coords1 = coords1 + update.flow_head(hidden).float()
             up_mask = None if self.raft.mask_predictor is None else self.raft.mask_predictor(hidden).float()
         flow = self._upsample(coords1 - coords0, up_mask)
         return flow.unflatten(0, (n, 2 * (t - 1)))
+
+
+class _FactoredGRU:
+    """One of torchvision's ``ConvGRU`` cells (RAFT's recurrent block) with each gate's convolution taken apart by
+    its input channels: hidden state, context, motion features (the order of torchvision's concatenations).
+
+    A convolution of concatenated inputs is the sum of the convolutions of each input with its slice of the weights,
+    so the gates are the same numbers (up to rounding); but the context's share is the same in all of an estimate's
+    updates and is computed once (:meth:`context_gates`), a third of the cell's work in each update, forward and
+    backward, and the gates that read the same input share one convolution. Built from the cell's weights as they
+    are now (at each forward pass: nothing to keep in step when weights are loaded), in their dtype and NHWC.
+    """
+
+    def __init__(self, gru: nn.Module, hidden: int, context: int) -> None:
+        z, r, q = gru.convz, gru.convr, gru.convq
+        self.hidden = hidden
+        self.padding = z.padding
+        self.hidden_zr = _nhwc(torch.cat([z.weight[:, :hidden], r.weight[:, :hidden]]))
+        self.hidden_q = _nhwc(q.weight[:, :hidden])
+        cut = hidden + context
+        self.context = _nhwc(torch.cat([conv.weight[:, hidden:cut] for conv in (z, r, q)]))
+        self.motion = _nhwc(torch.cat([conv.weight[:, cut:] for conv in (z, r, q)]))
+        self.bias = torch.cat([z.bias, r.bias, q.bias])
+
+    def context_gates(self, context: Tensor) -> Tensor:
+        """The context's share of the z, r and q gates, with their biases: ``[N, 3 hidden, h, w]``."""
+        return F.conv2d(context, self.context, self.bias, padding=self.padding)
+
+    def __call__(self, hidden: Tensor, motion: Tensor, context_gates: Tensor) -> Tensor:
+        """The cell's next hidden state, as ``ConvGRU.forward(hidden, cat([context, motion]))``."""
+        n = self.hidden
+        inputs = F.conv2d(motion, self.motion, padding=self.padding) + context_gates
+        z, r = torch.sigmoid(inputs[:, : 2 * n] + F.conv2d(hidden, self.hidden_zr, padding=self.padding)).split(n, 1)
+        q = torch.tanh(inputs[:, 2 * n :] + F.conv2d(r * hidden, self.hidden_q, padding=self.padding))
+        return (1 - z) * hidden + z * q
+
+
+def _factored_grus(block: nn.Module, hidden: int, context: int) -> list[_FactoredGRU]:
+    """The cells of torchvision's ``RecurrentBlock`` in order (RAFT small has one; its second is a pass-through)."""
+    cells = [block.convgru1, block.convgru2]
+    return [_FactoredGRU(cell, hidden, context) for cell in cells if isinstance(cell, nn.Module)]
 
 
 def _correlation_pyramid(first: Tensor, second: Tensor, levels: int) -> list[Tensor]:
