@@ -3,6 +3,7 @@ entry, the adaptive weight at the decoder's last layer, decoder-only training ag
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -121,11 +122,48 @@ def test_weight_zero_builds_nothing_and_bad_settings_are_named() -> None:
         gan_loss(disc_start=5, gen_start=2)
 
 
-def test_cuda_graphs_give_way_to_the_gan_stage_with_a_warning() -> None:
+def test_cuda_graphs_stay_with_the_split_step_and_give_way_to_the_whole_pass_with_a_warning() -> None:
+    from tokenizer_posttrain.losses.consistency import ConsistencyConfig
+
     config = ModelConfig(model="CV8x8x8", channels=16, compile=True, cuda_graphs=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", r"model\.jit_ckpt_pth is not set")
+        split = TokenizerModel(config, loss=gan_loss())  # the adaptive weight's gradients taken apart
+        fixed = TokenizerModel(config, loss=gan_loss(adaptive=False))  # no gradient of it at all
+    for module in (split, fixed):
+        assert module.model_config.replays_cuda_graphs and module.acceleration.cuda_graphs
+        assert module.adversarial is not None and module.adversarial.keep_gradients
+    windows = LossConfig(
+        perceptual_weight=0.0, consistency=ConsistencyConfig(0.5, window=9, step=4), gan=GANConfig(weight=0.5, **SMALL)
+    )
     with pytest.warns(UserWarning, match=r"loss\.gan: the training step runs compiled but without CUDA graphs"):
-        module = TokenizerModel(config, loss=gan_loss())
-    assert module.model_config.compile and not module.model_config.replays_cuda_graphs
+        whole = TokenizerModel(config, loss=windows)
+    assert whole.model_config.compile and not whole.model_config.replays_cuda_graphs
+    assert whole.adversarial is not None and not whole.adversarial.keep_gradients
+    # 16-mixed scales the loss, which the split gradients lack: the whole pass, which CUDA graphs cannot replay.
+    split._trainer = SimpleNamespace(precision="16-mixed")
+    with pytest.raises(ValueError, match=r"trainer\.precision=16-mixed .* set model\.cuda_graphs=false"):
+        split.on_train_start()
+
+
+def test_under_cuda_graphs_the_discriminators_gradients_stay_allocated_and_are_zeroed_in_place() -> None:
+    module = TokenizerModel(tiny("CV8x8x8"), loss=gan_loss())
+    stage = module.adversarial
+    assert stage is not None
+    stage.accelerate(None, channels_last=False, keep_gradients=True)
+    stage.start(torch.device("cpu"))
+    real, fake = torch.rand(2, 1, 3, 9, 32, 32).unbind(0)
+    grads = None
+    for _ in range(2):
+        stage.discriminator_backward(real, fake, step=0, micro_batches=1)
+        now = [p.grad for p in stage.parameters()]
+        assert all(g is not None and g.abs().sum() > 0 for g in now)
+        if grads is not None:
+            assert all(a is b for a, b in zip(grads, now, strict=True))  # the same tensors, not new ones
+        grads = now
+        assert stage.optimizer_step() is not None
+        assert all(p.grad is g and not g.any() for p, g in zip(stage.parameters(), grads, strict=True))
 
 
 def test_the_compiled_step_feeds_the_gan_stage_its_adaptive_weight_included(
@@ -299,3 +337,49 @@ def test_the_gan_stage_trains_under_bf16_true(tmp_path: Path) -> None:
     assert all(
         v.dtype == torch.float32 for v in saved[CHECKPOINT_KEY]["discriminator"].values() if v.is_floating_point()
     )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_run_the_split_step_as_eager_does() -> None:
+    # Two micro-batches per step, new clips every step, the discriminator's step between: stale CUDA-graph outputs
+    # (reconstruction, its gradients, the discriminator's gradients) would show as another clip's numbers.
+    from tests.conftest import reference_weights
+    from tokenizer_posttrain.data.batch import LOSS_MASK, VIDEO
+    from tokenizer_posttrain.training import acceleration
+
+    weights = str(reference_weights("CV8x8x8"))
+    clips = torch.rand(3, 2, 1, 3, 9, 32, 32, generator=torch.Generator().manual_seed(0)).cuda() * 2 - 1
+    mask = torch.ones(1, 1, 9, 32, 32, device="cuda")
+
+    def run(**switches: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], TokenizerModel]:
+        cfg = ModelConfig(model="CV8x8x8", jit_ckpt_pth=weights, channels=16, **switches)
+        module = TokenizerModel(cfg, loss=gan_loss(lr=1e-30)).cuda()  # its weights stay put
+        stage = module.adversarial
+        assert stage is not None
+        stage.start(torch.device("cuda"))
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.0)
+        tokenizer, discriminator = [], []
+        for step, micro_batches in enumerate(clips):
+            module.optimizer_zero_grad(0, step, optimizer)
+            for i, video in enumerate(micro_batches):
+                assert module.splits_adversarial_step(module.loss.prepare(0, video.device))
+                loss = module.training_step({VIDEO: video, LOSS_MASK: mask}, i)
+                module.on_before_backward(loss)
+                (loss / len(micro_batches)).backward()
+            tokenizer.append(torch.cat([p.grad.flatten() for p in module.network.parameters()]))
+            discriminator.append(torch.cat([p.grad.flatten() for p in stage.parameters()]))
+            assert stage.optimizer_step() is not None
+        return tokenizer, discriminator, module
+
+    eager_tok, eager_disc, _ = run()
+    skips = acceleration.cuda_graph_skips()
+    graphed_tok, graphed_disc, module = run(compile=True, cuda_graphs=True)  # module kept: its graphs live with it
+    assert module.acceleration.cuda_graphs and acceleration.cuda_graph_skips() == skips
+    from torch._inductor import cudagraph_trees
+
+    manager = cudagraph_trees.get_manager(0, create_if_none_exists=False)
+    assert manager is not None and len(list(manager.get_roots())) > 0
+    for name, eager, graphed in (("tokenizer", eager_tok, graphed_tok), ("discriminator", eager_disc, graphed_disc)):
+        for step, (want, got) in enumerate(zip(eager, graphed, strict=True)):
+            error = ((got - want).norm() / want.norm()).item()
+            assert error < 2e-2, f"{name}, step {step}: relative gradient error {error:.2e}"

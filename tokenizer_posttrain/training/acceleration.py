@@ -56,22 +56,23 @@ COMPILE_BACKEND = "inductor"
 """torch.compile's backend for the step and the loss (benchmarks use ``aot_eager`` for a quick CPU run)."""
 WHOLE_STEP_BUCKET_MB = 4096
 """Larger than every Cosmos tokenizer's fp32 gradients (CV8x8x8: 403 MiB)."""
-_compiled_functions: dict[tuple[Callable, str], Callable] = {}
+_compiled_functions: dict[tuple[Callable, str, str | None], Callable] = {}
 
 
-def compiled_segment(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-    """``fn`` (a module or a bound method) as a call of the compiled function of its class.
+def compiled_segment(fn: Callable[[Tensor], Tensor], mode: str | None = None) -> Callable[[Tensor], Tensor]:
+    """``fn`` (a module or a bound method) as a call of the compiled function of its class (``mode``:
+    torch.compile's, e.g. ``reduce-overhead`` for CUDA graphs).
 
     The compiled function lives in a module-level cache, not on the instance, so a deep copy of the
     network (the EMA callback makes one) holds no function bound to the original's weights.
     """
     func, owner = (type(fn).forward, fn) if isinstance(fn, nn.Module) else (fn.__func__, fn.__self__)  # type: ignore[attr-defined]
-    key = (func, SEGMENT_BACKEND)
+    key = (func, SEGMENT_BACKEND, mode)
     compiled = _compiled_functions.get(key)
     if compiled is None:
         keep_graphs_whole()
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, SEGMENT_RECOMPILE_LIMIT)
-        compiled = _compiled_functions[key] = torch.compile(func, backend=SEGMENT_BACKEND, dynamic=False)
+        compiled = _compiled_functions[key] = torch.compile(func, backend=SEGMENT_BACKEND, dynamic=False, mode=mode)
     return functools.partial(compiled, owner)
 
 
@@ -226,7 +227,8 @@ class StepAcceleration:
 
     def apply_discriminator(self, stage: AdversarialStage) -> None:
         """The same switches on the GAN stage's discriminator: compiled forward passes with ``compile`` (static
-        shapes, no CUDA graphs: the stage runs between the step's graphs), channels-last with ``channels_last``.
+        shapes; CUDA graphs with ``cuda_graphs``, its gradients then kept allocated and zeroed in place, as the
+        tokenizer's), channels-last with ``channels_last``.
 
         Where the step cannot take the adaptive weight's gradients apart (``TokenizerModel.splits_adversarial_step``),
         it differentiates the compiled graphs with ``retain_graph`` (twice, then the step's backward), which
@@ -236,7 +238,8 @@ class StepAcceleration:
         cfg = self.config
         if cfg.compile:
             torch._functorch.config.donated_buffer = False
-        stage.accelerate(compiled_segment if cfg.compile else None, cfg.channels_last)
+        wrapper = functools.partial(compiled_segment, mode=self._mode) if cfg.compile else None
+        stage.accelerate(wrapper, cfg.channels_last, keep_gradients=self.cuda_graphs)
 
     def release(self, network: nn.Module) -> None:
         """The plain network again (training is over: export traces it as it is)."""
@@ -246,8 +249,13 @@ class StepAcceleration:
         """The training forward ``fn``, compiled whole under ``compile_scope=step`` (as CUDA graphs with
         ``cuda_graphs``), else as it is."""
         if self.config.compile and self.config.compile_scope == "step":
-            return compile_module_call(fn, mode="reduce-overhead" if self.cuda_graphs else None)
+            return compile_module_call(fn, mode=self._mode)
         return fn
+
+    @property
+    def _mode(self) -> str | None:
+        """torch.compile's mode for the step's graphs: ``reduce-overhead`` (CUDA graphs) with ``cuda_graphs``."""
+        return "reduce-overhead" if self.cuda_graphs else None
 
     def wrap_loss(self, fn: Fn) -> Fn:
         """The loss, compiled on its own under ``compile_scope=blocks`` (the network is compiled piecewise)."""
@@ -255,9 +263,11 @@ class StepAcceleration:
 
     def wrap_part(self, fn: Fn) -> Fn:
         """A part of the training forward that runs on its own (the GAN stage's network and loss, whose
-        gradients it takes apart): compiled under ``compile_scope=step`` (no CUDA graphs, which that stage
-        turns off); under ``blocks`` its pieces are compiled already."""
-        return compile_module_call(fn) if self.config.compile and self.config.compile_scope == "step" else fn
+        gradients it takes apart): compiled under ``compile_scope=step`` (as CUDA graphs with ``cuda_graphs``);
+        under ``blocks`` its pieces are compiled already."""
+        if self.config.compile and self.config.compile_scope == "step":
+            return compile_module_call(fn, mode=self._mode)
+        return fn
 
     def begin_micro_batch(self) -> None:
         """Before each micro-batch's forward: under CUDA graphs a new replay, so the outputs of the last one

@@ -64,11 +64,18 @@ class AdversarialStage:
         self.adaptive_step = -1
         self._pending: dict[str, Any] | None = None
         self._has_grad = False
+        self.keep_gradients = False
 
-    def accelerate(self, wrapper: Callable[[Callable], Callable] | None, channels_last: bool) -> None:
+    def accelerate(
+        self, wrapper: Callable[[Callable], Callable] | None, channels_last: bool, keep_gradients: bool = False
+    ) -> None:
         """The training's speed switches on the discriminator: its forward passes (the generator term's and the
         discriminator step's, also inside DDP) through ``wrapper`` (e.g. compiled), and channels-last weights
-        and inputs. Neither changes its values or state-dict keys."""
+        and inputs. Neither changes its values or state-dict keys. ``keep_gradients`` (CUDA graphs): its
+        gradients are allocated before its first backward pass and zeroed in place after each step, never set
+        to None (a replayed backward would otherwise hand it the graph's own output, which the next replay
+        overwrites)."""
+        self.keep_gradients = keep_gradients
         disc = self.discriminator
         if channels_last:
             disc.channels_last = True
@@ -180,6 +187,10 @@ class AdversarialStage:
             r1 = r1_penalty(self.discriminator.eager, real)
             total = total + cfg.r1_weight * cfg.r1_every * r1
             values["r1"] = r1.detach()
+        if self.keep_gradients:
+            for param in self.discriminator.parameters():
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
         (total / micro_batches).backward()
         self._has_grad = True
         return values
@@ -197,7 +208,7 @@ class AdversarialStage:
         if math.isfinite(norm):
             self.optimizer.step()
             self.steps += 1
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.keep_gradients)
         return norm
 
     # Checkpoints ----------------------------------------------------------------------------------------

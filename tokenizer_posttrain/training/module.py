@@ -63,14 +63,6 @@ class TokenizerModel(pl.LightningModule):
         gan = self.loss_config.gan
         # Built before anything compiles; None when loss.gan is off (then nothing of it exists).
         self.adversarial = AdversarialStage(gan) if gan.ever_on else None
-        if self.adversarial is not None and self.model_config.replays_cuda_graphs:
-            warnings.warn(
-                "loss.gan: the training step runs compiled but without CUDA graphs (model.cuda_graphs ignored): "
-                "the discriminator's step and the adaptive weight's gradients run between the step's graphs; "
-                "docs/benchmarks.md has what CUDA graphs are worth",
-                stacklevel=2,
-            )
-            self.model_config = replace(self.model_config, cuda_graphs=False)
         # A name, not the parameter: a Parameter set as an attribute would join this module's state dict.
         self._gan_last_layer = gan_last_layer(self.network) if self.adversarial is not None and gan.adaptive else None
         # The split step needs the last trained weight in the decoder's tail, and the tail to give on a second
@@ -82,6 +74,17 @@ class TokenizerModel(pl.LightningModule):
             and not any(isinstance(m, _DropoutNd) and m.p > 0 for m in self.network.decoder.conv_out[1].modules())
         )
         whole = last is not None and (self.loss_config.consistency.ever_on or not self._tail_splits)
+        if whole and self.model_config.replays_cuda_graphs:
+            # Taking the adaptive weight's gradients through the whole step differentiates its graphs three
+            # times (retain_graph), which recorded CUDA graphs cannot replay.
+            warnings.warn(
+                "loss.gan: the training step runs compiled but without CUDA graphs (model.cuda_graphs ignored): "
+                f"with loss.consistency on, the last trained weight ({last}) before the decoder's last layer, or "
+                "LoRA dropout on it, the adaptive weight's gradients are taken through the whole step; "
+                "docs/benchmarks.md has what CUDA graphs are worth",
+                stacklevel=2,
+            )
+            self.model_config = replace(self.model_config, cuda_graphs=False)
         if whole and gan.adaptive_every is not None and gan.adaptive_every < 8:
             warnings.warn(
                 f"loss.gan.adaptive_every={gan.adaptive_every}: with loss.consistency on, the last trained weight "
@@ -279,6 +282,11 @@ class TokenizerModel(pl.LightningModule):
             super().on_validation_model_zero_grad()
 
     def on_train_start(self) -> None:
+        if self.acceleration.cuda_graphs and self._gan_last_layer is not None and self._loss_scaled():
+            raise ValueError(
+                f"loss.gan's adaptive weight under trainer.precision={self.trainer.precision} is taken through the "
+                "whole step, which CUDA graphs cannot replay: set model.cuda_graphs=false, or train in bf16-mixed"
+            )
         self.guard.reset()
         self.acceleration.start_fit()
         if self.adversarial is not None:
