@@ -340,7 +340,8 @@ def test_the_gan_stage_trains_under_bf16_true(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_graphs_run_the_split_step_as_eager_does() -> None:
+@pytest.mark.parametrize("adaptive", [True, False], ids=["split", "fixed-weight"])
+def test_cuda_graphs_run_the_gan_stage_as_eager_does(adaptive: bool) -> None:
     # Two micro-batches per step, new clips every step, the discriminator's step between: stale CUDA-graph outputs
     # (reconstruction, its gradients, the discriminator's gradients) would show as another clip's numbers.
     from tests.conftest import reference_weights
@@ -353,7 +354,7 @@ def test_cuda_graphs_run_the_split_step_as_eager_does() -> None:
 
     def run(**switches: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], TokenizerModel]:
         cfg = ModelConfig(model="CV8x8x8", jit_ckpt_pth=weights, channels=16, **switches)
-        module = TokenizerModel(cfg, loss=gan_loss(lr=1e-30)).cuda()  # its weights stay put
+        module = TokenizerModel(cfg, loss=gan_loss(lr=1e-30, adaptive=adaptive)).cuda()  # its weights stay put
         stage = module.adversarial
         assert stage is not None
         stage.start(torch.device("cuda"))
@@ -362,7 +363,7 @@ def test_cuda_graphs_run_the_split_step_as_eager_does() -> None:
         for step, micro_batches in enumerate(clips):
             module.optimizer_zero_grad(0, step, optimizer)
             for i, video in enumerate(micro_batches):
-                assert module.splits_adversarial_step(module.loss.prepare(0, video.device))
+                assert module.splits_adversarial_step(module.loss.prepare(0, video.device)) == adaptive
                 loss = module.training_step({VIDEO: video, LOSS_MASK: mask}, i)
                 module.on_before_backward(loss)
                 (loss / len(micro_batches)).backward()
