@@ -10,8 +10,6 @@ pass into the reconstruction) on ``[B, 3, T, H, W]`` bf16 videos on one GPU, for
 * ``ours``: :class:`tokenizer_posttrain.losses.flow.FlowTerm` eager (all clips' frame pairs in one RAFT call, each
   frame encoded once, the last estimate upsampled only).
 * ``ours+compile``: the same under ``torch.compile`` (as ``model.compile`` compiles it with the step).
-* ``ours+compile+cudnn``: the same with the correlation look-up's bilinear sampling through ``F.grid_sample``
-  (cuDNN's sampler on a GPU), as before the term called aten's own.
 
 RAFT has random weights (timing only); every path uses the same ones and the same reconstructions (seeded noise
 per call), and prints its last call's loss value: they agree to bf16 noise. Reports the median of ``--steps``
@@ -32,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tokenizer_posttrain.losses import flow
 from tokenizer_posttrain.losses.flow import FlowConfig, FlowTerm, RAFTFlow, build_raft
 
 
@@ -62,13 +59,6 @@ class NemoStyleFlow(nn.Module):
 
     def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
         return (self.bidirectional(target) - self.bidirectional(reconstruction)).abs().mean()
-
-
-aten_sampler = flow._bilinear
-
-
-def cudnn_sampler(volume: Tensor, grid: Tensor) -> Tensor:
-    return F.grid_sample(volume, grid, mode="bilinear", align_corners=True)
 
 
 def time_path(name: str, fn, video: Tensor, steps: int, warmup: int) -> dict:  # noqa: ANN001
@@ -124,10 +114,7 @@ def main() -> None:
         "ours": term,
         "ours+compile": torch.compile(term, dynamic=False),
     }
-    paths["ours+compile+cudnn"] = paths["ours+compile"]
     for name in args.paths:
-        torch._dynamo.reset()
-        flow._bilinear = cudnn_sampler if name.endswith("+cudnn") else aten_sampler
         print(json.dumps(time_path(name, paths[name], video, args.steps, args.warmup)), flush=True)
         if args.profile:
             profile(name, paths[name], video)

@@ -286,17 +286,10 @@ def _look_up(pyramid: list[Tensor], coords: Tensor, radius: int) -> Tensor:
         points = centres + delta
         # Absolute pixel positions -> grid_sample's [-1, 1] with align_corners=True.
         grid = torch.cat([2 * points[..., :1] / (vw - 1) - 1, 2 * points[..., 1:] / (vh - 1) - 1], dim=-1)
-        values = _bilinear(volume, grid)
+        values = F.grid_sample(volume, grid, mode="bilinear", align_corners=True)
         sampled.append(values.view(n, h, w, side * side))
         centres = centres / 2
     return torch.cat(sampled, dim=-1).permute(0, 3, 1, 2)  # NHWC in memory, as the convolutions take it
-
-
-def _bilinear(volume: Tensor, grid: Tensor) -> Tensor:
-    """``F.grid_sample(volume, grid, mode="bilinear", padding_mode="zeros", align_corners=True)``, through aten's
-    own sampler: ``F.grid_sample`` picks cuDNN's on a GPU, which Inductor cannot fuse with the look-up around it and
-    whose backward pass also computes the gradient at the grid (built from detached coordinates here)."""
-    return torch.grid_sampler_2d(volume, grid, 0, 0, True)
 
 
 def bidirectional_flow(video: Tensor, network: nn.Module, scale: int) -> Tensor:
