@@ -8,8 +8,8 @@
 # NAMEs: base (L1 + perceptual), gram, high_freq, consistency, flow, official (the cosmos_finetune recipe's terms:
 # perceptual + Gram + flow), all, gan, gan_every8 (the adaptive weight every 8 steps), dv_base, dv_gan, dv_gan_every8
 # (DV8x16x16).
-# Every run: CV8x8x8 unless named dv_*, 33x256x256 clips, batch 8, compiled, channels-last, CUDA graphs (which the
-# GAN stage turns off), random VGG16/RAFT weights. --prewarm K first runs every configuration for 3 steps, K at a
+# Every run: CV8x8x8 unless named dv_*, 33x256x256 clips, batch 8, compiled, channels-last, CUDA graphs,
+# random VGG16/RAFT weights. --prewarm K first runs every configuration for 3 steps, K at a
 # time, only to fill Inductor's cache, so that the timed runs, one after the other, spend less time compiling.
 set -uo pipefail
 cd "$(dirname "$0")/.."
