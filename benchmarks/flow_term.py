@@ -11,6 +11,9 @@ pass into the reconstruction) on ``[B, 3, T, H, W]`` bf16 videos on one GPU, for
   frame encoded once, the last estimate upsampled only).
 * ``ours+compile``: the same under ``torch.compile`` (as ``model.compile`` compiles it with the step).
 
+A path name ending in ``+bench`` runs its path with ``torch.backends.cudnn.benchmark`` on:
+cuDNN times its algorithms for each convolution shape during the warm-up calls and keeps the fastest.
+
 RAFT has random weights (timing only); every path uses the same ones and the same reconstructions (seeded noise
 per call), and prints its last call's loss value: they agree to bf16 noise. Reports the median of ``--steps``
 calls after ``--warmup``, and peak memory::
@@ -115,9 +118,13 @@ def main() -> None:
         "ours+compile": torch.compile(term, dynamic=False),
     }
     for name in args.paths:
-        print(json.dumps(time_path(name, paths[name], video, args.steps, args.warmup)), flush=True)
+        base = name.removesuffix("+bench")
+        if base not in paths:
+            parser.error(f"unknown path {name!r}: use one of {sorted(paths)}, each optionally with +bench")
+        torch.backends.cudnn.benchmark = name.endswith("+bench")
+        print(json.dumps(time_path(name, paths[base], video, args.steps, args.warmup)), flush=True)
         if args.profile:
-            profile(name, paths[name], video)
+            profile(name, paths[base], video)
 
 
 def profile(name: str, fn, video: Tensor) -> None:  # noqa: ANN001
@@ -126,13 +133,20 @@ def profile(name: str, fn, video: Tensor) -> None:  # noqa: ANN001
     from torch.profiler import profile as torch_profile
 
     mask = torch.ones_like(video[:, :1])
-    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+    # CPU activity too: each aten operation's row names the kernels' caller and (record_shapes) its inputs.
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         for _ in range(2):
             reconstruction = (video + 0.02 * torch.randn_like(video)).requires_grad_(True)
             fn(reconstruction, video, mask).backward()
         torch.cuda.synchronize()
     print(f"== {name}: top GPU operations over 2 calls")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=90), flush=True)
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=160))
+    print(f"== {name}: aten operations over 2 calls, by input shapes")
+    averages = prof.key_averages(group_by_input_shape=True)
+    table = averages.table(
+        sort_by="cuda_time_total", row_limit=40, max_name_column_width=60, max_shapes_column_width=160
+    )
+    print(table, flush=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ from tokenizer_posttrain.losses.flow import (
     FlowConfig,
     FlowTerm,
     RAFTFlow,
+    _coordinates,
+    _correlation_pyramid,
+    _look_up,
+    _nhwc_gradient,
     bidirectional_flow,
     build_raft,
     find_raft_weights,
@@ -65,6 +69,72 @@ def raft_small_file(tmp_path_factory: pytest.TempPathFactory, raft_small: nn.Mod
     path = tmp_path_factory.mktemp("raft") / RAFT_FILES["small"]
     torch.save(raft_small.state_dict(), path)
     return path
+
+
+def test_the_look_up_reads_whole_pixel_windows_and_zeros_off_the_map() -> None:
+    torch.manual_seed(0)
+    n, h, w = 2, 16, 24
+    pyramid = _correlation_pyramid(torch.randn(n, 32, h, w), torch.randn(n, 32, h, w), 4)
+    coords = _coordinates(n, h, w, CPU).clone()
+    # Whole pixels with the window's top row off the map; one far outside it; a half-pixel shift.
+    coords[0, :, 0, 0] = torch.tensor([3.0, 0.0])
+    coords[0, :, 0, 2] = torch.tensor([-40.0, 5.0])
+    coords[0, :, 0, 3] = torch.tensor([7.5, 6.0])
+    values = _look_up(pyramid, coords, 4)
+    assert values.shape == (n, 4 * 81, h, w)
+    # The first level's window at (x=3, y=0): map pixel (y + j - 4, x + i - 4) at channel 9 i + j, up to
+    # grid_sample's rounding of its [-1, 1] coordinates.
+    window = values[0, :81, 0, 0].view(9, 9)
+    level = pyramid[0][0, 0]
+    torch.testing.assert_close(window[1:, 4:], level[0:5, 0:8].T, rtol=1e-5, atol=1e-6)
+    assert window[0].abs().max() < 1e-6 and window[:, :4].abs().max() < 1e-6  # x < 0, y < 0
+    assert values[0, :, 0, 2].abs().max() < 1e-6
+    # Half a pixel in x: the mean of the two neighbouring columns.
+    half = values[0, :81, 0, 3].view(9, 9)
+    third = pyramid[0][3, 0]
+    torch.testing.assert_close(half[4, 4], (third[6, 7] + third[6, 8]) / 2, rtol=1e-5, atol=1e-6)
+
+
+def test_the_look_up_compiles_to_the_same_gradients() -> None:
+    torch.manual_seed(0)
+    n, h, w = 2, 16, 16
+    pyramid = _correlation_pyramid(torch.randn(n, 8, h, w), torch.randn(n, 8, h, w), 2)
+    pyramid = [level.requires_grad_(True) for level in pyramid]
+    coords = _coordinates(n, h, w, CPU) + 3 * torch.randn(n, 2, h, w)
+    upstream = torch.randn(n, 2 * 25, h, w)
+
+    def run(look_up: object) -> list[Tensor]:
+        return list(torch.autograd.grad((look_up(pyramid, coords, 2) * upstream).sum(), pyramid))
+
+    torch._dynamo.reset()
+    compiled = run(torch.compile(_look_up, backend="aot_eager", fullgraph=True))
+    for mine, reference in zip(compiled, run(_look_up), strict=True):
+        torch.testing.assert_close(mine, reference, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_gate_gradient_goes_back_channels_last_and_unchanged(compiled: bool) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 4, 5, requires_grad=True)
+    upstream = torch.randn(2, 6, 4, 5)
+
+    def run(fn: object) -> tuple[Tensor, Tensor]:
+        y = fn(x * 2)  # a non-leaf, as the gates are
+        (grad,) = torch.autograd.grad((y[:, :4] * upstream[:, :4]).sum() + y[:, 4:].pow(2).sum(), x)
+        return y, grad
+
+    torch._dynamo.reset()
+    ours = torch.compile(_nhwc_gradient, backend="aot_eager", fullgraph=True) if compiled else _nhwc_gradient
+    y, grad = run(ours)
+    reference_y, reference_grad = run(lambda t: t)
+    torch.testing.assert_close(y, reference_y, rtol=0, atol=0)
+    torch.testing.assert_close(grad, reference_grad, rtol=0, atol=0)
+    # What reaches the gates' producer (cuDNN's backward convolution there) is channels-last.
+    seen = []
+    h = x * 2
+    h.register_hook(lambda g: seen.append(g.is_contiguous(memory_format=torch.channels_last)))
+    (_nhwc_gradient(h)[:, :4] * upstream[:, :4]).sum().backward()
+    assert seen == [True]
 
 
 @pytest.mark.parametrize("raft", ["small", "large"])
