@@ -13,12 +13,12 @@ speed: every frame of a clip goes through the feature and context encoders once 
 each frame of each pair, four times a frame for both directions), coordinates are made on the GPU in fp32 (no CPU
 tensors, which keep a compiled step from CUDA graphs), only the last flow estimate is upsampled, and the recurrent
 cells' convolutions are taken apart by input so that the context's share of their gates, the same in every update,
-is computed once (:class:`_FactoredGRU`).
+is computed once (:class:`_FactoredGRU`), and the gates' gradients go back channels-last (:class:`_NHWCGradient`).
 """
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -146,6 +146,27 @@ def _coordinates(n: int, h: int, w: int, device: torch.device) -> Tensor:
     return torch.stack([cols, rows], dim=-1).expand(n, h, w, 2).contiguous().permute(0, 3, 1, 2)
 
 
+class _NHWCGradient(torch.autograd.Function):
+    """The identity, whose backward pass hands its gradient on channels-last.
+
+    The gradient of a gate tensor that is sliced by channel comes out of Inductor's slice backward in NCHW; cuDNN's
+    backward convolution of an NHWC input then converts it with a slow aten copy at every update (docs/benchmarks.md,
+    session 17). Asked for here, the conversion happens inside Inductor's fused kernel that makes the gradient.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return grad.contiguous(memory_format=torch.channels_last)
+
+
+def _nhwc_gradient(x: Tensor) -> Tensor:
+    return _NHWCGradient.apply(x)
+
+
 def _nhwc(x: Tensor) -> Tensor:
     # cuDNN's tensor-core convolutions work in NHWC: fed NCHW, they convert every input and output (in a profile
     # of the compiled term on an H200, those conversions took 28% of its GPU time).
@@ -240,12 +261,12 @@ class _FactoredGRU:
 
     def context_gates(self, context: Tensor) -> Tensor:
         """The context's share of the z, r and q gates, with their biases: ``[N, 3 hidden, h, w]``."""
-        return F.conv2d(context, self.context, self.bias, padding=self.padding)
+        return _nhwc_gradient(F.conv2d(context, self.context, self.bias, padding=self.padding))
 
     def __call__(self, hidden: Tensor, motion: Tensor, context_gates: Tensor) -> Tensor:
         """The cell's next hidden state, as ``ConvGRU.forward(hidden, cat([context, motion]))``."""
         n = self.hidden
-        inputs = F.conv2d(motion, self.motion, padding=self.padding) + context_gates
+        inputs = _nhwc_gradient(F.conv2d(motion, self.motion, padding=self.padding) + context_gates)
         z, r = torch.sigmoid(inputs[:, : 2 * n] + F.conv2d(hidden, self.hidden_zr, padding=self.padding)).split(n, 1)
         q = torch.tanh(inputs[:, 2 * n :] + F.conv2d(r * hidden, self.hidden_q, padding=self.padding))
         return (1 - z) * hidden + z * q
