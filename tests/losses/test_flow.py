@@ -3,6 +3,7 @@ gradients, dtype, activation checkpointing, and the RAFT file (found at launch, 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,36 @@ def test_the_gate_gradient_goes_back_channels_last_and_unchanged(compiled: bool)
     h.register_hook(lambda g: seen.append(g.is_contiguous(memory_format=torch.channels_last)))
     (_nhwc_gradient(h)[:, :4] * upstream[:, :4]).sum().backward()
     assert seen == [True]
+
+
+def test_rafts_encodings_stay_channels_last(raft_small: nn.Module) -> None:
+    network = RAFTFlow(copy.deepcopy(raft_small), torch.float32)
+    RAFTFlow(network.raft, torch.float32)  # converting a RAFT twice hooks its norms once
+    norms = [m for m in network.raft.modules() if isinstance(m, nn.InstanceNorm2d)]
+    assert norms and all(len(m._forward_hooks) == 1 for m in norms)
+    images = torch.randn(2, 3, 128, 128).contiguous(memory_format=torch.channels_last)
+    seen = []
+    for m in norms:
+        m.register_forward_hook(lambda module, inputs, output: seen.append(output))
+    features = network.raft.feature_encoder(images)
+    assert features.is_contiguous(memory_format=torch.channels_last)
+    assert seen and all(output.is_contiguous(memory_format=torch.channels_last) for output in seen)
+
+
+def test_our_raft_pass_compiles_as_one_graph_with_the_same_flows(raft_small: nn.Module) -> None:
+    # As model.compile runs it: one graph (hooks, the factored cells and the gradient-layout identities traced).
+    torch.manual_seed(0)
+    network = RAFTFlow(copy.deepcopy(raft_small), torch.float32, flow_updates=2)
+    frames = (torch.rand(1, 3, 3, 128, 128) * 2 - 1).requires_grad_(True)
+    eager = network(frames)
+    (eager_grad,) = torch.autograd.grad(eager.square().sum(), frames)
+    torch._dynamo.reset()
+    compiled = torch.compile(network, backend="aot_eager", fullgraph=True)(frames)
+    (compiled_grad,) = torch.autograd.grad(compiled.square().sum(), frames)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    scale = float(eager_grad.abs().max())
+    assert scale > 0, scale
+    torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-3, atol=1e-6 * scale)
 
 
 @pytest.mark.parametrize("raft", ["small", "large"])

@@ -167,6 +167,11 @@ def _nhwc_gradient(x: Tensor) -> Tensor:
     return _NHWCGradient.apply(x)
 
 
+def _nhwc_output(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> Tensor:
+    """A forward hook: the module's output NHWC."""
+    return _nhwc(output)
+
+
 def _nhwc(x: Tensor) -> Tensor:
     # cuDNN's tensor-core convolutions work in NHWC: fed NCHW, they convert every input and output (in a profile
     # of the compiled term on an H200, those conversions took 28% of its GPU time).
@@ -180,7 +185,8 @@ class RAFTFlow(nn.Module):
     ``t + 1`` for every ``t``, then from ``t + 1`` to ``t``; the same numbers as torchvision's ``RAFT(image1,
     image2)[-1]`` on each pair. ``dtype`` is the convolutions' (autocast; the weights are stored in it), while
     coordinates and flows stay fp32. Always in eval mode (its context encoder's batch norms keep their statistics).
-    ``raft`` itself is converted (dtype, NHWC) and frozen in place.
+    ``raft`` itself is converted (dtype, NHWC, a hook that keeps its instance norms' outputs NHWC) and frozen in
+    place.
     """
 
     def __init__(self, raft: nn.Module, dtype: torch.dtype = torch.bfloat16, flow_updates: int = 12) -> None:
@@ -190,6 +196,11 @@ class RAFTFlow(nn.Module):
         # RAFT's convex upsampling, torchvision's own (bound here: no import inside the compiled forward).
         self._upsample = upsample_flow
         self.raft = raft.to(dtype).to(memory_format=torch.channels_last).requires_grad_(False)
+        for module in self.raft.modules():
+            # Instance norm (the feature encoder's) returns NCHW whatever its input: the convolutions after it
+            # would convert their inputs, and in the backward pass their gradients, at every call.
+            if isinstance(module, nn.InstanceNorm2d) and _nhwc_output not in module._forward_hooks.values():
+                module.register_forward_hook(_nhwc_output)
         self.dtype = dtype
         self.flow_updates = flow_updates
         self.train(False)
