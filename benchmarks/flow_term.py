@@ -147,6 +147,20 @@ def profile(name: str, fn, video: Tensor) -> None:  # noqa: ANN001
         sort_by="cuda_time_total", row_limit=40, max_name_column_width=60, max_shapes_column_width=160
     )
     print(table, flush=True)
+    print(f"== {name}: aten copies by caller (the chain of enclosing operations, with their input shapes)")
+    callers: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.name != "aten::copy_":
+            continue
+        chain, parent = [], event.cpu_parent
+        while parent is not None and len(chain) < 4:
+            chain.append(f"{parent.name}{list(parent.input_shapes)[:2]}")
+            parent = parent.cpu_parent
+        total = callers.setdefault(" <- ".join(chain) or "(top level)", [0, 0.0])
+        total[0] += 1
+        total[1] += getattr(event, "device_time_total", 0.0) / 1000
+    for chain, (count, ms) in sorted(callers.items(), key=lambda item: -item[1][1])[:15]:
+        print(f"{ms:8.2f} ms {count:4d}x  {chain}")
 
 
 if __name__ == "__main__":
