@@ -142,14 +142,23 @@ def test_rafts_encodings_stay_channels_last(raft_small: nn.Module) -> None:
     network = RAFTFlow(copy.deepcopy(raft_small), torch.float32)
     RAFTFlow(network.raft, torch.float32)  # converting a RAFT twice hooks its norms once
     norms = [m for m in network.raft.modules() if isinstance(m, nn.InstanceNorm2d)]
-    assert norms and all(len(m._forward_hooks) == 1 for m in norms)
-    images = torch.randn(2, 3, 128, 128).contiguous(memory_format=torch.channels_last)
-    seen = []
+    assert norms and all(len(m._forward_hooks) == 1 and len(m._forward_pre_hooks) == 1 for m in norms)
+    images = torch.randn(2, 3, 128, 128).contiguous(memory_format=torch.channels_last).requires_grad_(True)
+    seen, gradients = [], []
+
+    def record_input_gradient(module: nn.Module, inputs: tuple[Tensor, ...]) -> None:
+        inputs[0].register_hook(gradients.append)
+
     for m in norms:
         m.register_forward_hook(lambda module, inputs, output: seen.append(output))
+        # Ahead of ours: the convolution's output, whose gradient is what the convolution's backward pass gets.
+        m.register_forward_pre_hook(record_input_gradient, prepend=True)
     features = network.raft.feature_encoder(images)
     assert features.is_contiguous(memory_format=torch.channels_last)
     assert seen and all(output.is_contiguous(memory_format=torch.channels_last) for output in seen)
+    features.square().sum().backward()
+    assert len(gradients) == len(norms)
+    assert all(g.is_contiguous(memory_format=torch.channels_last) for g in gradients)
 
 
 def test_our_raft_pass_compiles_as_one_graph_with_the_same_flows(raft_small: nn.Module) -> None:

@@ -172,6 +172,11 @@ def _nhwc_output(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) 
     return _nhwc(output)
 
 
+def _nhwc_input_gradient(module: nn.Module, inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """A forward pre-hook: the gradient of the module's first input goes back channels-last."""
+    return (_nhwc_gradient(inputs[0]), *inputs[1:])
+
+
 def _nhwc(x: Tensor) -> Tensor:
     # cuDNN's tensor-core convolutions work in NHWC: fed NCHW, they convert every input and output (in a profile
     # of the compiled term on an H200, those conversions took 28% of its GPU time).
@@ -185,8 +190,8 @@ class RAFTFlow(nn.Module):
     ``t + 1`` for every ``t``, then from ``t + 1`` to ``t``; the same numbers as torchvision's ``RAFT(image1,
     image2)[-1]`` on each pair. ``dtype`` is the convolutions' (autocast; the weights are stored in it), while
     coordinates and flows stay fp32. Always in eval mode (its context encoder's batch norms keep their statistics).
-    ``raft`` itself is converted (dtype, NHWC, a hook that keeps its instance norms' outputs NHWC) and frozen in
-    place.
+    ``raft`` itself is converted (dtype, NHWC, hooks that keep its instance norms' outputs and input gradients
+    NHWC) and frozen in place.
     """
 
     def __init__(self, raft: nn.Module, dtype: torch.dtype = torch.bfloat16, flow_updates: int = 12) -> None:
@@ -197,10 +202,12 @@ class RAFTFlow(nn.Module):
         self._upsample = upsample_flow
         self.raft = raft.to(dtype).to(memory_format=torch.channels_last).requires_grad_(False)
         for module in self.raft.modules():
-            # Instance norm (the feature encoder's) returns NCHW whatever its input: the convolutions after it
-            # would convert their inputs, and in the backward pass their gradients, at every call.
+            # Instance norm (the feature encoder's) returns NCHW whatever its input, and its backward pass hands
+            # back an NCHW gradient: the convolutions beside it would convert their inputs and gradients at every
+            # call (aten copies; docs/benchmarks.md, session 18).
             if isinstance(module, nn.InstanceNorm2d) and _nhwc_output not in module._forward_hooks.values():
                 module.register_forward_hook(_nhwc_output)
+                module.register_forward_pre_hook(_nhwc_input_gradient)
         self.dtype = dtype
         self.flow_updates = flow_updates
         self.train(False)
@@ -243,7 +250,9 @@ class RAFTFlow(nn.Module):
                 for gru, gates in zip(grus, context_gates, strict=True):
                     hidden = gru(hidden, motion, gates)
                 coords1 = coords1 + update.flow_head(hidden).float()
-            up_mask = None if self.raft.mask_predictor is None else self.raft.mask_predictor(hidden).float()
+            # The upsampling's softmax hands the mask's gradient back NCHW; its convolution would convert it.
+            mask_predictor = self.raft.mask_predictor
+            up_mask = None if mask_predictor is None else _nhwc_gradient(mask_predictor(hidden)).float()
         flow = self._upsample(coords1 - coords0, up_mask)
         return flow.unflatten(0, (n, 2 * (t - 1)))
 
