@@ -56,6 +56,31 @@ def test_a_hand_computed_value_and_masking() -> None:
     assert value.item() == pytest.approx(0.5 + 3.0)
 
 
+def test_shared_latents_count_by_the_share_of_their_pixels_the_mask_keeps() -> None:
+    # Windows of 3 frames every 2 at 2x in time: window 0's latent frame 1 meets window 1's latent frame 0, which
+    # stands for clip frame 2 alone. Latents 2x1 over 2x2 pixels: each value stands for one row of 2 pixels.
+    recon = torch.zeros(2, 3, 3, 2, 2)
+    latent = torch.zeros(2, 4, 2, 2, 1)
+    latent[0, :, 1, 0] = 0.5
+    latent[0, :, 1, 1] = 1.5
+    scale = 3 * 2 * (1 * 2) / 4  # pixels per latent value
+
+    def value(mask: torch.Tensor) -> float:
+        return consistency_loss(ConsistencyWindows(recon, latent), mask, 3, 2).item()
+
+    mask = torch.ones(1, 1, 5, 2, 2)
+    assert value(mask) == pytest.approx(1.0 * scale)
+    mask[:, :, 2, 1, :] = 0  # frame 2's bottom row: its latent value counts for nothing
+    assert value(mask) == pytest.approx(0.5 * scale)
+    mask = torch.ones(1, 1, 5, 2, 2)
+    mask[:, :, 2, 1, 0] = 0  # half of that row: the bottom value at half weight
+    assert value(mask) == pytest.approx((0.5 + 1.5 * 0.5) / 1.5 * scale)
+    mask = torch.ones(1, 1, 5, 2, 2)
+    mask[:, :, [0, 1, 3, 4]] = 0  # frames the shared latents do not stand for change nothing
+    assert value(mask) == pytest.approx(1.0 * scale)
+    assert value(torch.zeros(1, 1, 5, 2, 2)) == 0
+
+
 def test_gradients_reach_both_windows() -> None:
     recon = torch.rand(4, 3, 3, 2, 2, requires_grad=True)
     consistency_loss(ConsistencyWindows(recon), torch.ones(2, 1, 5, 2, 2), 3, 2).backward()

@@ -8,7 +8,8 @@ dimension (``[B*M, 3, window, H, W]``, clip-major) so that the network runs once
 ``step .. window-1``. The term is the mask-weighted L1 between those two reconstructions of the shared frames, over
 every pair of neighbouring windows; for CV tokenizers plus the L1 between the shared latent frames (window ``i``'s
 latent frames from ``step / temporal_compression`` on against window ``i + 1``'s), scaled as NVIDIA's trainer by
-``3 * temporal_compression * spatial_compression**2 / latent channels`` (pixels per latent value).
+``3 * temporal_compression * spatial_compression**2 / latent channels`` (pixels per latent value), each latent value
+weighted by the share of its pixels that the loss mask counts (all of them: NVIDIA's plain mean).
 
 The network pass on the windows is the training module's (it owns the network); the math is here, pure tensor code.
 """
@@ -16,6 +17,8 @@ The network pass on the windows is the training module's (it owns the network); 
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .terms import LossTerm, TermConfig
@@ -109,15 +112,27 @@ def _neighbours(x: Tensor, clips: int, shift: int) -> tuple[Tensor, Tensor]:
     return x[:, :-1, :, shift:], x[:, 1:, :, : x.shape[3] - shift]
 
 
+def latent_weights(mask: Tensor, temporal_compression: int, height: int, width: int) -> Tensor:
+    """A causal window's pixel mask ``[N, 1, 1 + k tc, H, W]`` -> ``[N, 1, 1 + k, height, width]``: the share of each
+    latent value's pixels that count (latent frame 0 stands for frame 0 alone, latent frame ``j`` for frames
+    ``tc (j - 1) + 1 .. tc j``; each for its ``H / height x W / width`` block of pixels)."""
+    block = (mask.shape[-2] // height, mask.shape[-1] // width)
+    first = F.avg_pool3d(mask[:, :, :1], (1, *block))
+    rest = F.avg_pool3d(mask[:, :, 1:], (temporal_compression, *block))
+    return torch.cat([first, rest], dim=2)
+
+
 def consistency_loss(windows: ConsistencyWindows, mask: Tensor, window: int, step: int) -> Tensor:
     """The consistency term (fp32 scalar) of the outputs ``windows`` on :func:`cut_windows` of clips whose loss mask is
     ``mask`` ``[B, 1, T, H, W]``: the mean absolute difference of neighbouring windows' reconstructions of their
-    shared frames over the pixels where ``mask`` is 1, plus, with latents, the scaled mean absolute difference of
-    their shared latent frames (unmasked: a latent value stands for many pixels)."""
+    shared frames over the pixels where ``mask`` is 1, plus, with latents, the scaled absolute difference of their
+    shared latent frames, averaged with each latent value weighted by :func:`latent_weights`."""
     clips = mask.shape[0]
     earlier, later = _neighbours(windows.reconstruction.float(), clips, step)
+    frames, (height, width) = mask.shape[2], windows.reconstruction.shape[-2:]
+    window_mask = cut_windows(mask.float().expand(clips, 1, frames, height, width), window, step)
     # The shared frames are the same frames of the clip in both windows: one mask for the pair.
-    _, counted = _neighbours(cut_windows(mask.float(), window, step), clips, step)
+    _, counted = _neighbours(window_mask, clips, step)
     counted = counted.expand_as(earlier)
     value = ((earlier - later).abs() * counted).sum() / counted.sum().clamp_min(1)
     if windows.latent is None:
@@ -126,9 +141,14 @@ def consistency_loss(windows: ConsistencyWindows, mask: Tensor, window: int, ste
     # A causal window of 1 + k*tc frames has 1 + k latent frames.
     temporal_compression = (window - 1) // max(latent.shape[2] - 1, 1)
     earlier_z, later_z = _neighbours(latent, clips, step // temporal_compression)
-    channels, (height, width) = windows.reconstruction.shape[1], windows.reconstruction.shape[-2:]
-    pixels_per_value = channels * temporal_compression * (height // latent.shape[-2]) * (width // latent.shape[-1])
-    return value + (earlier_z - later_z).abs().mean() * (pixels_per_value / latent.shape[1])
+    weights = latent_weights(window_mask, temporal_compression, latent.shape[-2], latent.shape[-1])
+    _, counted_z = _neighbours(weights, clips, step // temporal_compression)
+    counted_z = counted_z.expand_as(earlier_z)
+    # Fractional weights: no clamp to 1 (a lone half-counted value is still a mean of itself); 0 when none count.
+    latent_value = ((earlier_z - later_z).abs() * counted_z).sum() / counted_z.sum().clamp_min(1e-12)
+    pixels_per_value = windows.reconstruction.shape[1] * temporal_compression * (height // latent.shape[-2])
+    pixels_per_value *= width // latent.shape[-1]
+    return value + latent_value * (pixels_per_value / latent.shape[1])
 
 
 class ConsistencyTerm(LossTerm):
