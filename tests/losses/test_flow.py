@@ -4,6 +4,7 @@ gradients, dtype, activation checkpointing, and the RAFT file (found at launch, 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -267,11 +268,66 @@ def test_bf16_raft_keeps_fp32_flows_close_to_fp32_raft(raft_small: nn.Module) ->
     assert (a - b).abs().mean() < 0.05 * a.abs().mean() + 1e-3
 
 
-def test_a_term_at_weight_zero_builds_nothing_and_reads_no_file(tmp_path: Path) -> None:
-    missing = str(tmp_path / "nowhere.pth")
-    # Off: the file is not looked for, no network is made.
-    loss = build_loss(LossConfig(perceptual_weight=0.0, flow=FlowConfig(0.0, weights_path=missing)))
+@pytest.mark.parametrize(
+    "off",
+    [FlowConfig(0.0), FlowConfig(boundaries=[2, 4], values=[0.0, 0.0, 0.0])],
+    ids=["weight", "schedule"],
+)
+def test_a_term_at_weight_zero_builds_nothing_and_reads_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, off: FlowConfig
+) -> None:
+    from torchvision.models import optical_flow
+
+    from tokenizer_posttrain.losses import flow, weight_files
+
+    # Every way to a RAFT or to a weights file, recorded and passed on: a missing file alone would only show that
+    # nothing was read where the term raises, not that nothing was built or read anywhere. torchvision's
+    # constructors catch a RAFT built through any import of ours.
+    calls: list[str] = []
+
+    def spy(module: object, name: str) -> None:
+        original = getattr(module, name)
+
+        def recorded(*args: object, **kwargs: object) -> object:
+            calls.append(name)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+
+    for name in ("build_raft", "load_raft", "find_raft_weights", "read_raft_state", "find_weights_file"):
+        spy(flow, name)
+    spy(flow, "read_state_dict")
+    spy(optical_flow, "raft_small")
+    spy(optical_flow, "raft_large")
+    spy(weight_files, "load_torch_file")
+    config = dataclasses.replace(off, weights_path=str(tmp_path / "nowhere.pth"))
+    loss = build_loss(LossConfig(perceptual_weight=0.0, flow=config))
     assert "flow" not in loss.terms
+    video = torch.rand(1, 3, 2, 8, 8, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    for step in (0, 2, 4, 100):  # before, at and after every boundary of the schedule
+        weights = loss.prepare(step, CPU)
+        assert weights == {"l1": 1.0}
+        assert set(loss(video.flip(-1), video, torch.ones(1, 1, 2, 8, 8), weights)) == {"l1", "loss"}
+    assert calls == []
+
+
+def test_the_torch_hub_cache_file_is_used_when_no_path_is_given(empty_hub: Path, raft_small_file: Path) -> None:
+    cache = empty_hub / "checkpoints" / RAFT_FILES["small"]
+    cache.parent.mkdir(parents=True)
+    cache.symlink_to(raft_small_file)
+    assert find_raft_weights("small") == cache
+    config = FlowConfig(0.01, raft="small", dtype="float32")  # fp32: the file's weights compare exactly
+    loss = build_loss(LossConfig(perceptual_weight=0.0, flow=config))  # checks the cache file at launch
+    term = loss.terms["flow"]
+    assert isinstance(term, FlowTerm) and term.network is None
+    # Another seed than the file's: a RAFT built with random weights instead of the file's cannot pass below.
+    torch.manual_seed(1)
+    loss.prepare(0, CPU)
+    assert isinstance(term.network, RAFTFlow)
+    built = term.network.raft.state_dict()
+    saved = torch.load(raft_small_file, map_location="cpu", weights_only=True)
+    assert built.keys() == saved.keys()
+    assert all(torch.equal(built[key], saved[key]) for key in saved)
 
 
 def test_a_scheduled_flow_term_is_found_at_launch_and_built_when_first_on(raft_small_file: Path) -> None:

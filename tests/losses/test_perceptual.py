@@ -68,14 +68,6 @@ def loss(weights_file: Path) -> PerceptualLoss:
     return PerceptualLoss(str(weights_file))
 
 
-@pytest.fixture
-def empty_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A hub cache dir in tmp_path, so the real cache in ~/.cache/torch is never consulted."""
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    monkeypatch.setattr(torch.hub, "_hub_dir", None)  # undo any earlier torch.hub.set_dir
-    return Path(torch.hub.get_dir())
-
-
 def videos(b: int = 2, t: int = 2, size: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     target = torch.rand(b, 3, t, size, size, generator=generator) * 2 - 1

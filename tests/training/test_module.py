@@ -127,8 +127,62 @@ def test_the_flow_term_trains_the_tokenizer_and_raft_stays_out_of_checkpoints_an
     raft_params = list(raft.parameters())
     assert raft_params and all(not p.requires_grad and p.grad is None for p in raft_params)
     assert {p.dtype for p in raft_params} == {torch.bfloat16} and not raft.training
+    # module.parameters() and module.buffers() are what DDP registers and broadcasts.
+    assert not {id(p) for p in module.parameters()} & {id(p) for p in raft_params}
+    assert not {id(b) for b in module.buffers()} & {id(b) for b in raft.buffers()}
     optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
     assert not optimized & {id(p) for p in raft_params}
+    assert all(key.startswith("network.") for key in module.state_dict())
     trainer.save_checkpoint(tmp_path / "flow.ckpt")
     saved = torch.load(tmp_path / "flow.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     assert saved and all(key.startswith("network.") for key in saved)
+
+
+def test_the_vgg16_once_built_stays_out_of_ddp_the_optimizer_and_checkpoints(tmp_path: Path, vgg_file: Path) -> None:
+    # The check of test_full_loss_is_l1_plus_weighted_perceptual runs before the VGG16 exists; this one after a
+    # training step built it, when a network held by the module would have joined its parameters and state dict.
+    perceptual = PerceptualConfig(0.1, weights_path=str(vgg_file))
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), LossConfig(perceptual=perceptual))
+    recorder = Recorder()
+    trainer = fit(module, tmp_path, steps=1, logger=recorder, log_every_n_steps=1)
+    assert [row["train/perceptual"] > 0 for _, row in recorder.rows if "train/loss" in row] == [True]
+    assert module.loss.vgg is not None and module.loss.vgg.network is not None
+    vgg = module.loss.vgg.network
+    vgg_params = list(vgg.parameters())
+    assert len(vgg_params) == 26 and all(not p.requires_grad and p.grad is None for p in vgg_params)
+    # module.parameters() and module.buffers() are what DDP registers and broadcasts.
+    assert not {id(p) for p in module.parameters()} & {id(p) for p in vgg_params}
+    assert not {id(b) for b in module.buffers()} & {id(b) for b in vgg.buffers()}
+    optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
+    assert not optimized & {id(p) for p in vgg_params}
+    assert all(key.startswith("network.") for key in module.state_dict())
+    trainer.save_checkpoint(tmp_path / "vgg.ckpt")
+    saved = torch.load(tmp_path / "vgg.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    assert saved and all(key.startswith("network.") for key in saved)
+
+
+def test_validation_logs_each_active_term_as_val_name(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from tokenizer_posttrain.data.batch import LOSS_MASK, VIDEO
+    from tokenizer_posttrain.data.fake import SyntheticVideoDataset
+    from tokenizer_posttrain.losses.high_freq import HighFreqConfig, masked_laplacian_l1
+
+    # The Laplacian L1: the cheapest term beside L1 (no network, no file).
+    loss = LossConfig(perceptual_weight=0.0, high_freq=HighFreqConfig(0.5))
+    module = TokenizerModel(tiny("CV8x8x8"), loss=loss)
+    clips = DataLoader(SyntheticVideoDataset(1, frames=9, height=32, width=32), batch_size=1)
+    recorder = Recorder()
+    trainer = pl.Trainer(
+        accelerator="cpu", precision="32-true", logger=recorder, enable_progress_bar=False, default_root_dir=tmp_path
+    )
+    trainer.validate(module, clips, verbose=False)
+    logged = {name: value for _, row in recorder.rows for name, value in row.items()}
+    assert {"val/l1", "val/high_freq", "val/loss"} <= logged.keys()
+    batch = next(iter(clips))
+    video, mask = batch[VIDEO].float(), batch[LOSS_MASK]
+    with torch.no_grad():
+        expected = masked_laplacian_l1(module.network(video), video, mask)
+    assert expected > 0  # the reconstruction differs from the input: a zeroed or constant value cannot match
+    assert logged["val/high_freq"] == pytest.approx(expected.item(), rel=1e-5)
+    assert logged["val/loss"] == pytest.approx(logged["val/l1"] + 0.5 * logged["val/high_freq"], rel=1e-5)
