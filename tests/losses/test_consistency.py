@@ -92,7 +92,7 @@ def test_gradients_reach_both_windows() -> None:
 @pytest.mark.parametrize(
     ("settings", "match"),
     [
-        ({"step": 33}, r"loss\.consistency\.step=33 must be < loss\.consistency\.window=33 .* at most 32"),
+        ({"step": 25}, r"loss\.consistency\.step=25 must be < loss\.consistency\.window=25 .* at most 24"),
         ({"window": 1, "step": 1}, r"loss\.consistency\.window=1 must be >= 2"),
         ({"step": 0}, r"loss\.consistency\.step=0 must be >= 1"),
     ],
@@ -116,3 +116,13 @@ def test_clip_problems_say_what_to_set() -> None:
         "windows; set loss.consistency.window=9 or raise data.frames to >= 41"
     ]
     assert ConsistencyConfig(1.0, window=9, step=8).clip_problems("loss.consistency", 17, 8, True) == []
+
+
+@pytest.mark.parametrize("temporal_compression", [4, 8])
+def test_the_default_windows_fit_the_default_clips(temporal_compression: int) -> None:
+    from tokenizer_posttrain.training.config import DataConfig
+
+    frames = DataConfig().frames  # data.frames, also the recipes' default
+    config = ConsistencyConfig(1.0)
+    assert config.clip_problems("loss.consistency", frames, temporal_compression, continuous=True) == []
+    assert window_count(frames, config.window, config.step) >= 2

@@ -33,9 +33,10 @@ class ConsistencyConfig(TermConfig):
     step, on ``(T - window) // step + 1`` windows of each clip.
     """
 
-    window: int = 33
-    """Frames per window, ``1 + k * temporal_compression`` (the trainers' 32 is no such length; 33 is, for 4x and
-    8x models), at most ``data.frames - step`` so that a clip holds two windows."""
+    window: int = 25
+    """Frames per window, ``1 + k * temporal_compression`` (the trainers' 32 is no such length; 25 is, for 4x and
+    8x models, and two windows 8 apart fit the default 33-frame clips), at most ``data.frames - step`` so that a clip
+    holds two windows."""
     step: int = 8
     """Frames from one window's start to the next (the trainers' 8), below ``window`` so that windows overlap; for
     CV models a multiple of the temporal compression, so that the windows' latent frames line up."""
