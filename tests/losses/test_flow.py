@@ -178,6 +178,17 @@ def test_our_raft_pass_compiles_as_one_graph_with_the_same_flows(raft_small: nn.
     torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-3, atol=1e-6 * scale)
 
 
+def test_a_batch_of_clips_gives_each_clips_own_flows(raft_small: nn.Module) -> None:
+    # Frames of all clips go through RAFT together: no pair may mix frames of two clips.
+    torch.manual_seed(0)
+    network = RAFTFlow(copy.deepcopy(raft_small), torch.float32, flow_updates=2)
+    frames = torch.rand(2, 3, 3, 128, 128) * 2 - 1
+    together = network(frames)
+    apart = torch.cat([network(clip[None]) for clip in frames])
+    assert together.shape == (2, 4, 2, 128, 128)
+    torch.testing.assert_close(together, apart, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("raft", ["small", "large"])
 def test_our_raft_pass_gives_torchvisions_flows(raft: str) -> None:
     torch.manual_seed(0)

@@ -109,6 +109,27 @@ def test_a_scheduled_term_joins_the_loss_at_its_boundary(tmp_path: Path, vgg_fil
     assert module.loss.vgg.network is not None
 
 
+def test_with_gradient_accumulation_a_schedule_counts_optimizer_steps_not_batches(tmp_path: Path) -> None:
+    from tokenizer_posttrain.losses.high_freq import HighFreqConfig
+
+    # On from optimizer step 2; 2 batches per step: batches 0-3 (steps 0, 1) without the term, 4-7 with it. A
+    # schedule read on the batch index (NeMo's) would switch at batch 2.
+    loss = LossConfig(perceptual_weight=0.0, high_freq=HighFreqConfig(boundaries=[2], values=[0.0, 0.5]))
+    module = TokenizerModel(tiny("CV8x8x8"), OptimConfig(lr=1e-3), loss)
+    seen: list[tuple[int, dict[str, float]]] = []
+    prepare = module.loss.prepare
+
+    def recorded(step: int, device: torch.device) -> dict[str, float]:
+        weights = prepare(step, device)
+        seen.append((step, dict(weights)))
+        return weights
+
+    module.loss.prepare = recorded  # type: ignore[method-assign]
+    fit(module, tmp_path, steps=4, accumulate_grad_batches=2)
+    assert [step for step, _ in seen] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [weights.get("high_freq", 0.0) for _, weights in seen] == [0.0] * 4 + [0.5] * 4
+
+
 def test_the_flow_term_trains_the_tokenizer_and_raft_stays_out_of_checkpoints_and_optimizer(tmp_path: Path) -> None:
     from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
     from tokenizer_posttrain.losses.flow import RAFT_FILES, FlowConfig, build_raft
