@@ -7,6 +7,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from torch import nn
 
 from tests.conftest import fit, reference_weights
 from tests.training.conftest import no_vgg, tiny
@@ -130,6 +131,21 @@ def test_with_gradient_accumulation_a_schedule_counts_optimizer_steps_not_batche
     assert [weights.get("high_freq", 0.0) for _, weights in seen] == [0.0] * 4 + [0.5] * 4
 
 
+def assert_frozen_and_left_out(frozen: nn.Module, module: TokenizerModel, trainer: pl.Trainer, ckpt: Path) -> None:
+    """``frozen`` (a loss network, once built) gets no gradient and is in none of what DDP registers and broadcasts
+    (``module.parameters()``, ``module.buffers()``), the optimizer, the state dict or a saved checkpoint."""
+    params = list(frozen.parameters())
+    assert params and all(not p.requires_grad and p.grad is None for p in params)
+    assert not {id(p) for p in module.parameters()} & {id(p) for p in params}
+    assert not {id(b) for b in module.buffers()} & {id(b) for b in frozen.buffers()}
+    optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
+    assert not optimized & {id(p) for p in params}
+    assert all(key.startswith("network.") for key in module.state_dict())
+    trainer.save_checkpoint(ckpt)
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+    assert saved and all(key.startswith("network.") for key in saved)
+
+
 def test_the_flow_term_trains_the_tokenizer_and_raft_stays_out_of_checkpoints_and_optimizer(tmp_path: Path) -> None:
     from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
     from tokenizer_posttrain.losses.flow import RAFT_FILES, FlowConfig, build_raft
@@ -145,18 +161,8 @@ def test_the_flow_term_trains_the_tokenizer_and_raft_stays_out_of_checkpoints_an
     logged = [row for _, row in recorder.rows if "train/loss" in row]
     assert len(logged) == 2 and all(row["train/flow"] > 0 for row in logged)
     raft = module.loss.terms["flow"].network
-    raft_params = list(raft.parameters())
-    assert raft_params and all(not p.requires_grad and p.grad is None for p in raft_params)
-    assert {p.dtype for p in raft_params} == {torch.bfloat16} and not raft.training
-    # module.parameters() and module.buffers() are what DDP registers and broadcasts.
-    assert not {id(p) for p in module.parameters()} & {id(p) for p in raft_params}
-    assert not {id(b) for b in module.buffers()} & {id(b) for b in raft.buffers()}
-    optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
-    assert not optimized & {id(p) for p in raft_params}
-    assert all(key.startswith("network.") for key in module.state_dict())
-    trainer.save_checkpoint(tmp_path / "flow.ckpt")
-    saved = torch.load(tmp_path / "flow.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-    assert saved and all(key.startswith("network.") for key in saved)
+    assert {p.dtype for p in raft.parameters()} == {torch.bfloat16} and not raft.training
+    assert_frozen_and_left_out(raft, module, trainer, tmp_path / "flow.ckpt")
 
 
 def test_the_vgg16_once_built_stays_out_of_ddp_the_optimizer_and_checkpoints(tmp_path: Path, vgg_file: Path) -> None:
@@ -169,17 +175,8 @@ def test_the_vgg16_once_built_stays_out_of_ddp_the_optimizer_and_checkpoints(tmp
     assert [row["train/perceptual"] > 0 for _, row in recorder.rows if "train/loss" in row] == [True]
     assert module.loss.vgg is not None and module.loss.vgg.network is not None
     vgg = module.loss.vgg.network
-    vgg_params = list(vgg.parameters())
-    assert len(vgg_params) == 26 and all(not p.requires_grad and p.grad is None for p in vgg_params)
-    # module.parameters() and module.buffers() are what DDP registers and broadcasts.
-    assert not {id(p) for p in module.parameters()} & {id(p) for p in vgg_params}
-    assert not {id(b) for b in module.buffers()} & {id(b) for b in vgg.buffers()}
-    optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
-    assert not optimized & {id(p) for p in vgg_params}
-    assert all(key.startswith("network.") for key in module.state_dict())
-    trainer.save_checkpoint(tmp_path / "vgg.ckpt")
-    saved = torch.load(tmp_path / "vgg.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-    assert saved and all(key.startswith("network.") for key in saved)
+    assert len(list(vgg.parameters())) == 26
+    assert_frozen_and_left_out(vgg, module, trainer, tmp_path / "vgg.ckpt")
 
 
 def test_validation_logs_each_active_term_as_val_name(tmp_path: Path) -> None:
