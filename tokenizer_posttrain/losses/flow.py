@@ -149,9 +149,10 @@ def _coordinates(n: int, h: int, w: int, device: torch.device) -> Tensor:
 class _NHWCGradient(torch.autograd.Function):
     """The identity, whose backward pass hands its gradient on channels-last.
 
-    The gradient of a gate tensor that is sliced by channel comes out of Inductor's slice backward in NCHW; cuDNN's
-    backward convolution of an NHWC input then converts it with a slow aten copy at every update (docs/benchmarks.md,
-    session 17). Asked for here, the conversion happens inside Inductor's fused kernel that makes the gradient.
+    Where a gradient comes back NCHW to a convolution's NHWC output (Inductor's slice backward of the gates sliced by
+    channel, instance norm's backward, the upsampling's softmax), cuDNN's backward convolution converts it with a
+    slow aten copy at every call (docs/benchmarks.md, sessions 17 and 18). Asked for here, the conversion happens
+    inside Inductor's fused kernel that makes the gradient.
     """
 
     @staticmethod
