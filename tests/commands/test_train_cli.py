@@ -164,9 +164,12 @@ def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_pat
     ]
     assert len(norms[0]) == len(norms[1]) == 3
     # The first step's gradients start from the same weights: only summation order differs. Later steps start from
-    # weights that differ by that much, which a random VGG16's unnormalised features amplify (a few 1e-4 by step 3).
+    # weights that differ by that much, which a random VGG16's unnormalised features amplify (1e-5 at step 2,
+    # 2.3e-4 at step 3 on the CPU).
     torch.testing.assert_close(norms[0][0], norms[1][0], rtol=1e-5, atol=0)
-    torch.testing.assert_close(norms[0], norms[1], rtol=1e-3 if extra[:1] == VGG[:1] else 1e-4, atol=0)
+    torch.testing.assert_close(norms[0][:2], norms[1][:2], rtol=1e-4, atol=0)
+    last = 2e-3 if "loss.perceptual.weight=0.1" in extra else 1e-4
+    torch.testing.assert_close(norms[0][2], norms[1][2], rtol=last, atol=0)
     # At the end: the runs' weight updates agree to a small fraction of their size (summation
     # order differs between an all-reduce and accumulation; nothing else may).
     pl.seed_everything(1234, verbose=False)  # trainer.seed: the run's initial weights

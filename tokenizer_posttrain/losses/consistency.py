@@ -143,6 +143,8 @@ def consistency_loss(windows: ConsistencyWindows, mask: Tensor, window: int, ste
     temporal_compression = (window - 1) // max(latent.shape[2] - 1, 1)
     earlier_z, later_z = _neighbours(latent, clips, step // temporal_compression)
     weights = latent_weights(window_mask, temporal_compression, latent.shape[-2], latent.shape[-1])
+    # The later window's weights: the frames both latents of a pair stand for (the first shared pair's later latent,
+    # its window's frame 0, stands for that frame alone, the earlier one for it and the tc - 1 frames before).
     _, counted_z = _neighbours(weights, clips, step // temporal_compression)
     counted_z = counted_z.expand_as(earlier_z)
     # Fractional weights: no clamp to 1 (a lone half-counted value is still a mean of itself); 0 when none count.
