@@ -206,8 +206,11 @@ class RAFTFlow(nn.Module):
             # Instance norm (the feature encoder's) returns NCHW whatever its input, and its backward pass hands
             # back an NCHW gradient: the convolutions beside it would convert their inputs and gradients at every
             # call (aten copies; docs/benchmarks.md, session 18).
-            if isinstance(module, nn.InstanceNorm2d) and _nhwc_output not in module._forward_hooks.values():
+            if not isinstance(module, nn.InstanceNorm2d):
+                continue
+            if _nhwc_output not in module._forward_hooks.values():
                 module.register_forward_hook(_nhwc_output)
+            if _nhwc_input_gradient not in module._forward_pre_hooks.values():
                 module.register_forward_pre_hook(_nhwc_input_gradient)
         self.dtype = dtype
         self.flow_updates = flow_updates
