@@ -305,9 +305,15 @@ def test_a_term_at_weight_zero_builds_nothing_and_reads_no_file(
 
         monkeypatch.setattr(module, name, recorded)
 
-    for name in ("build_raft", "load_raft", "find_raft_weights", "read_raft_state", "find_weights_file"):
+    for name in (
+        "build_raft",
+        "load_raft",
+        "find_raft_weights",
+        "read_raft_state",
+        "find_weights_file",
+        "read_state_dict",
+    ):
         spy(flow, name)
-    spy(flow, "read_state_dict")
     spy(optical_flow, "raft_small")
     spy(optical_flow, "raft_large")
     spy(weight_files, "load_torch_file")

@@ -140,18 +140,21 @@ def consistency_loss(windows: ConsistencyWindows, mask: Tensor, window: int, ste
         return value
     latent = windows.latent.float()
     # A causal window of 1 + k*tc frames has 1 + k latent frames.
-    temporal_compression = (window - 1) // max(latent.shape[2] - 1, 1)
-    earlier_z, later_z = _neighbours(latent, clips, step // temporal_compression)
-    weights = latent_weights(window_mask, temporal_compression, latent.shape[-2], latent.shape[-1])
+    channels, frames_z, height_z, width_z = latent.shape[1:]
+    temporal_compression = (window - 1) // max(frames_z - 1, 1)
+    shift = step // temporal_compression
+    earlier_z, later_z = _neighbours(latent, clips, shift)
+    weights = latent_weights(window_mask, temporal_compression, height_z, width_z)
     # The later window's weights: the frames both latents of a pair stand for (the first shared pair's later latent,
     # its window's frame 0, stands for that frame alone, the earlier one for it and the tc - 1 frames before).
-    _, counted_z = _neighbours(weights, clips, step // temporal_compression)
+    _, counted_z = _neighbours(weights, clips, shift)
     counted_z = counted_z.expand_as(earlier_z)
     # Fractional weights: no clamp to 1 (a lone half-counted value is still a mean of itself); 0 when none count.
     latent_value = ((earlier_z - later_z).abs() * counted_z).sum() / counted_z.sum().clamp_min(1e-12)
-    pixels_per_value = windows.reconstruction.shape[1] * temporal_compression * (height // latent.shape[-2])
-    pixels_per_value *= width // latent.shape[-1]
-    return value + latent_value * (pixels_per_value / latent.shape[1])
+    pixels_per_value = (
+        windows.reconstruction.shape[1] * temporal_compression * (height // height_z) * (width // width_z)
+    )
+    return value + latent_value * (pixels_per_value / channels)
 
 
 class ConsistencyTerm(LossTerm):
