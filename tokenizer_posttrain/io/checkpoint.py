@@ -20,6 +20,7 @@ from ..core.untrusted import load_torch_file
 from ..network import CausalVideoTokenizer
 from ..network.registry import REGISTRY, TokenizerConfig, get_config
 from .diffusers_format import DIFFUSERS_WEIGHTS, diffusers_class, read_diffusers
+from .jit_archive import read_jit_state
 from .layout import (
     CONFIG_JSON,
     CONFIG_KEY,
@@ -43,14 +44,8 @@ def _normalize_key(key: str) -> str:
 
 
 def _read_jit(path: Path) -> dict[str, Tensor]:
-    try:
-        module = torch.jit.load(str(path), map_location="cpu")
-    except Exception as err:  # noqa: BLE001 - torch raises many types for bad archives
-        raise CheckpointError(
-            f"cannot read {path}: {str(err).splitlines()[0]}. The file looks truncated or is not a "
-            "TorchScript archive; download it again (compare its size with the published one)."
-        ) from err
-    return {_normalize_key(k): v for k, v in module.state_dict().items()}
+    # Never torch.jit.load: it runs the archive's code (io.jit_archive says why and how it is read instead).
+    return {_normalize_key(k): v for k, v in read_jit_state(path).items()}
 
 
 def _read_safetensors(path: Path) -> Weights:
@@ -193,6 +188,8 @@ def read_weights(path: str | Path, ema: bool = False) -> Weights:
         )
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    if not path.is_file():  # a FIFO would block the read until someone writes to it
+        raise CheckpointError(f"{path} is not a regular file (a FIFO, device or socket): pass the weights file itself")
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         return _read_safetensors(path)
