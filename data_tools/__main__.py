@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .check import NoSamples, check_dataset, print_summary, write_report
+from .check import Findings, NoSamples, check_dataset, print_summary, write_report
 from .make_shards import Options, UsageError, make_shards
 from .prepare import PrepareError, find_shards, prepare_folder
 from .sources import find_videos, parse_size
@@ -42,8 +42,9 @@ CHECK_HELP = """\
 Probe every sample of DATA (a folder of tar shards, prepared or not, or a plain folder of videos) and report
 what keeps it from giving a FRAMES x CROP x CROP clip: unreadable, no_video_stream, partial_video,
 unsupported_rotation, too_few_frames, too_small (errors); low_resolution, variable_fps, odd_fps, duplicate
-(warnings); and damaged_shard (error) for a tar shard that is cut short or damaged, with how many of the
-samples its energon index lists can still be read.
+(warnings); damaged_shard (error) for a tar shard that is cut short or damaged, with how many of the
+samples its energon index lists can still be read; and pickled_member (error) for a .pkl/.pickle/.pyd/.pth tar
+member: training never reads it, but other webdataset readers unpickle it, running any code planted in it.
 
 Probing reads every packet of a video and decodes from its last keyframe to the end: a file cut short (e.g. an
 mp4 written with its index at the front) is reported as partial_video with "N of M frames readable". --deep
@@ -55,7 +56,7 @@ reconstruct; sizes here are as displayed. A matrix that is not a multiple of 90 
 
 Prints a table per problem code and writes every problem as a json line to --report.
 Exit status: 0 no errors (warnings allowed); 1 some sample has an error or a shard is damaged (0 with
---allow-skips); 2 DATA missing or without samples."""
+--allow-skips), or a shard holds a pickled member; 2 DATA missing or without samples."""
 
 
 def _size(text: str) -> int:
@@ -201,6 +202,19 @@ def _check(args: argparse.Namespace) -> int:
             f"cannot write the report to {args.report} ({err.strerror}); pass --report PATH somewhere writable"
         )
     print_summary(found, console, args.report)
+    status = _skips_status(found, args, console)
+    if found.pickled:
+        # Not a sample training skips, so --allow-skips does not cover it: other readers would run the code.
+        console.print(
+            f"[red]error:[/] {len(found.pickled)} tar members are pickles (see the report): training never reads "
+            "them, other webdataset readers would run them; remove them from the shards"
+        )
+        status = 1
+    return status
+
+
+def _skips_status(found: Findings, args: argparse.Namespace, console: Console) -> int:
+    """Exit status for the samples training would skip (errors, damaged shards), with its summary line."""
     bad = found.bad_samples("error")
     if not bad and not found.damaged:
         return 0

@@ -29,6 +29,28 @@ class NoSamples(Exception):
 
 
 DAMAGED_SHARD = "damaged_shard"
+PICKLED_MEMBER = "pickled_member"
+# Members webdataset's default decoders unpickle (pickle.loads) or torch.load with weights_only=False, also gzipped.
+_PICKLED_SUFFIXES = (".pkl", ".pickle", ".pyd", ".pth")
+
+
+def is_pickled(name: str) -> bool:
+    """Whether webdataset's readers would unpickle the tar member ``name`` (from its name only)."""
+    lowered = name.lower()
+    while lowered.endswith(".gz"):  # webdataset gunzips a member first, then decodes it by the name left
+        lowered = lowered[: -len(".gz")]
+    return lowered.endswith(_PICKLED_SUFFIXES)
+
+
+def pickled_problem(shard: str, member: str) -> Problem:
+    """The ``pickled_member`` error of ``member`` in ``shard``."""
+    key = member.rsplit("/", 1)[-1].split(".", 1)[0]
+    return Problem(
+        "error",
+        PICKLED_MEMBER,
+        f"sample {key} of {shard} holds {member}, a pickle: training never reads it, but other webdataset "
+        "readers unpickle it (or torch.load it), which runs any code planted in it; remove it from the shard",
+    )
 
 
 @dataclass
@@ -39,6 +61,8 @@ class Findings:
     samples: int = 0
     problems: list[tuple[str, Problem]] = field(default_factory=list)
     damaged: list[ShardDamage] = field(default_factory=list)
+    pickled: list[tuple[str, Problem]] = field(default_factory=list)
+    """``("<shard>:<member>", pickled_member error)`` per pickled tar member (never read, so not a sample)."""
 
     def bad_samples(self, severity: str) -> set[str]:
         """Names of the samples with at least one problem of ``severity``."""
@@ -50,34 +74,36 @@ class Findings:
         return sum(d.lost or 0 for d in self.damaged)
 
     def all_problems(self) -> list[tuple[str, Problem]]:
-        """The samples' problems, then one ``damaged_shard`` error per damaged shard (named by the shard)."""
+        """The samples' problems, the pickled members' errors, then one ``damaged_shard`` error per damaged shard
+        (named by the shard)."""
         shards = [(d.shard, Problem("error", DAMAGED_SHARD, d.message())) for d in self.damaged]
-        return [*self.problems, *shards]
+        return [*self.problems, *self.pickled, *shards]
 
 
-def _samples_in_tars(root: Path, shards: list[str], damaged: list[ShardDamage]) -> Iterator[tuple[str, BinaryIO]]:
-    """Video members of each shard up to its first damage, which goes to ``damaged``."""
+def _samples_in_tars(root: Path, shards: list[str], found: Findings) -> Iterator[tuple[str, BinaryIO]]:
+    """Video members of each shard up to its first damage, which goes to ``found.damaged``; pickled members go
+    to ``found.pickled``, unread."""
     for shard in shards:
         offsets = index_offsets(root / shard)
         scan = MemberScan(root / shard, None if offsets is None else len(offsets) - 1, lambda m: is_video(Path(m.name)))
         for member, f in scan:
             if is_video(Path(member.name)):
                 yield f"{shard}:{member.name}", f
+            elif is_pickled(member.name):
+                found.pickled.append((f"{shard}:{member.name}", pickled_problem(shard, member.name)))
         if scan.damage is not None:
-            damaged.append(scan.damage)
+            found.damaged.append(scan.damage)
 
 
 @contextmanager
-def _open_samples(
-    data: Path, damaged: list[ShardDamage]
-) -> Iterator[tuple[Iterator[tuple[str, BinaryIO]], int | None]]:
+def _open_samples(data: Path, found: Findings) -> Iterator[tuple[Iterator[tuple[str, BinaryIO]], int | None]]:
     """(name, seekable file) for every video sample under ``data``, plus the count when known cheaply;
-    damaged tar shards go to ``damaged``."""
+    damaged tar shards and pickled tar members go to ``found``."""
     if not data.exists():
         raise NoSamples(f"{data} does not exist")
     if data.is_file():
         if data.suffix == ".tar":
-            yield _samples_in_tars(data.parent, [data.name], damaged), None
+            yield _samples_in_tars(data.parent, [data.name], found), None
         elif is_video(data):
             yield _files([data], data.parent), 1
         else:
@@ -85,7 +111,7 @@ def _open_samples(
         return
     shards = find_shards(data)
     if shards:
-        yield _samples_in_tars(data, shards, damaged), _indexed_count(data)
+        yield _samples_in_tars(data, shards, found), _indexed_count(data)
         return
     videos = find_videos(data)
     if not videos:
@@ -124,7 +150,7 @@ def check_dataset(
     """
     found = Findings()
     first_seen: dict[str, str] = {}
-    with _open_samples(data, found.damaged) as (samples, total):
+    with _open_samples(data, found) as (samples, total):
         for name, f in tqdm(samples, total=total, unit="video", desc="checking", disable=None, file=sys.stderr):
             found.samples += 1
             sha1 = _sha1(f)

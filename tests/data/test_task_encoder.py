@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import pickle
+import tarfile
 from fractions import Fraction
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from data_tools.prepare import energon_prepare
 from tests.videos import cut_inside_sample, encode_video, write_energon_dataset
 from tokenizer_posttrain.data.batch import ASPECT_RATIO, KEYS, LOSS_MASK, SKIPPED, VIDEO
 from tokenizer_posttrain.data.energon import EnergonVideoDataModule
@@ -279,3 +283,47 @@ def test_a_clip_spec_refuses_an_unknown_start() -> None:
         ClipSpec(start="keyframe", keyframe_window=-1)
     with pytest.raises(ValueError, match="ClipSpec.decode='nvdec' must be one of cpu, gpu"):
         ClipSpec(decode="nvdec")
+
+
+class Planted:
+    """Unpickled, it makes the folder ``marker``: the code a pickle in a shard can run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.makedirs, (str(self.marker), 0o777, True))  # exist_ok: every read makes it again
+
+
+def write_planted_dataset(root: Path, marker: Path, samples: int = 2) -> Path:
+    """A prepared energon dataset of one train shard whose samples hold ``x<i>.mp4`` plus ``x<i>.pkl`` (a
+    pickle) and ``x<i>.pth`` (``torch.save``), either of which makes ``marker`` when it is unpickled."""
+    saved = io.BytesIO()
+    torch.save(Planted(marker), saved)
+    root.mkdir(parents=True)
+    with tarfile.open(root / "000000.tar", "w") as tar:
+        for i in range(samples):
+            members = {
+                f"x{i}.mp4": encode_video(12, 48, 64, seed=i),
+                f"x{i}.pkl": pickle.dumps(Planted(marker)),
+                f"x{i}.pth": saved.getvalue(),
+            }
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    energon_prepare(root, {"train": ["000000.tar"]})
+    return root
+
+
+def test_pickles_in_a_shard_are_never_unpickled(tmp_path: Path) -> None:
+    # Before: energon's default decoder unpickled x.pkl and torch.load-ed x.pth at every read, making the marker.
+    marker = tmp_path / "marker"
+    data = write_planted_dataset(tmp_path / "planted", marker)
+    pickle.loads(pickle.dumps(Planted(marker)))  # the payload works: unpickled, it does make the marker
+    assert marker.is_dir()
+    marker.rmdir()
+    found = batches(data, ClipSpec(frames=9, height=32, width=32), 4)
+    assert not marker.exists()
+    assert {k for b in found for k in b[KEYS]} == {"x0", "x1"} and all(b[SKIPPED] == [] for b in found)
+    assert all(b[VIDEO].shape == (1, 3, 9, 32, 32) for b in found)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.data.test_task_encoder import write_planted_dataset
 from tests.videos import bigbuckbunny, cut_inside_sample, encode_video, faststart, write_energon_dataset
 
 from .test_make_shards import plant_videos, run_main, run_tool
@@ -192,3 +193,20 @@ def test_check_finds_partial_and_deeply_damaged_videos(tmp_path: Path, capsys: p
     found = read_report(report)
     assert {s for s, code in found if code == "partial_video"} == {"cut.mp4", "middle.mp4"}
     assert "does not decode" in found[("middle.mp4", "partial_video")]["message"]
+
+
+def test_check_reports_pickled_members_without_unpickling_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # Before: "2 usable" and exit 0 for samples holding a .pkl and a .pth that other webdataset readers unpickle.
+    marker = tmp_path / "marker"
+    data = write_planted_dataset(tmp_path / "planted", marker)
+    report = tmp_path / "report.jsonl"
+    for extra in ([], ["--allow-skips"]):  # training never skips them: --allow-skips does not accept them
+        status, out, _ = run_main(capsys, "check", data, "--frames", "9", "--crop", "32", "--report", report, *extra)
+        assert status == 1 and "error: 4 tar members are pickles" in out and "2 total, 2 usable" in out
+    assert not marker.exists()
+    pickled = {sample: line for (sample, code), line in read_report(report).items() if code == "pickled_member"}
+    assert set(pickled) == {f"000000.tar:x{i}.{ext}" for i in (0, 1) for ext in ("pkl", "pth")}
+    message = pickled["000000.tar:x1.pth"]["message"]
+    assert pickled["000000.tar:x1.pth"]["severity"] == "error"
+    assert message.startswith("sample x1 of 000000.tar holds x1.pth, a pickle: training never reads it")
+    assert "other webdataset readers unpickle it" in message and "remove it" in message

@@ -24,17 +24,19 @@ from typing import Any
 
 import av
 import torch
+import webdataset
 from megatron.energon import (
     Cooker,
     DefaultTaskEncoder,
     Sample,
+    SampleDecoder,
     SkipSample,
     WorkerConfig,
     basic_sample_keys,
     edataclass,
     stateless,
 )
-from megatron.energon.av import AVDecoder
+from megatron.energon.av import AVDecoder, AVWebdatasetDecoder
 
 from ..core.errors import DataError
 from .batch import (
@@ -237,19 +239,52 @@ class Clip(Sample):
     skipped: list[str]
 
 
+VIDEO_MEMBER = "mp4"
+"""The one member of a sample that is decoded (our shards store ``<key>.mp4``)."""
+
+
+class VideoOnlyDecoder(SampleDecoder):
+    """energon's sample decoder cut down to :data:`VIDEO_MEMBER`: every other member of a sample stays the bytes
+    it is and is never looked at.
+
+    energon's default decoder runs webdataset's handlers on every member, and they unpickle ``.pkl``,
+    ``.pickle`` and ``.pyd`` members and ``torch.load`` ``.pth`` members with ``weights_only=False``: a shard
+    holding ``<key>.pkl`` next to ``<key>.mp4`` would run whatever code that file plants at every read.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(av_decode="AVDecoder")
+        # No pre/post handlers: the defaults would gunzip members and hand them to the pickle handlers.
+        self._video_only = webdataset.autodecode.Decoder(
+            [AVWebdatasetDecoder(video_decode_audio=False, av_decode="AVDecoder")],
+            pre=[],
+            post=[],
+            only=[VIDEO_MEMBER],
+        )
+
+    def __call__(self, sample: dict) -> dict:
+        """The sample with its video member as a lazy :class:`AVDecoder`, every other member as raw bytes."""
+        return self._video_only(sample)
+
+    def config(self) -> dict:
+        """energon's description of the decoder (logged), naming the only member it decodes."""
+        return {**super().config(), "decoded_members": [VIDEO_MEMBER]}
+
+
 @stateless
 def cook_video(raw: dict[str, Any]) -> RawVideo:
     """Crude webdataset sample -> :class:`RawVideo` (our shards store ``<key>.mp4``)."""
-    if "mp4" not in raw:
+    if VIDEO_MEMBER not in raw:
         fields = sorted(k for k in raw if not k.startswith("__"))
-        raise SkipSample(f"sample {raw.get('__key__')} has no .mp4 member (has {fields})")
-    return RawVideo(**basic_sample_keys(raw), video=raw["mp4"])
+        raise SkipSample(f"sample {raw.get('__key__')} has no .{VIDEO_MEMBER} member (has {fields})")
+    return RawVideo(**basic_sample_keys(raw), video=raw[VIDEO_MEMBER])
 
 
 class VideoClipTaskEncoder(DefaultTaskEncoder[RawVideo, Clip, dict, dict]):
     """Crops, normalises and batches clips; batches are plain dicts (see :mod:`.batch`)."""
 
     cookers = [Cooker(cook_video)]
+    decoder = VideoOnlyDecoder()
 
     def __init__(self, spec: ClipSpec) -> None:
         super().__init__()
