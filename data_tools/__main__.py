@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .check import Findings, NoSamples, check_dataset, print_summary, write_report
+from .check import EXAMPLES, Findings, NoSamples, check_dataset, print_summary, write_report
 from .make_shards import Options, UsageError, make_shards
 from .prepare import PrepareError, find_shards, prepare_folder
 from .sources import find_videos, parse_size
@@ -44,7 +44,9 @@ what keeps it from giving a FRAMES x CROP x CROP clip: unreadable, no_video_stre
 unsupported_rotation, too_few_frames, too_small (errors); low_resolution, variable_fps, odd_fps, duplicate
 (warnings); damaged_shard (error) for a tar shard that is cut short or damaged, with how many of the
 samples its energon index lists can still be read; and pickled_member (error) for a .pkl/.pickle/.pyd/.pth tar
-member: training never reads it, but other webdataset readers unpickle it, running any code planted in it.
+member: training never reads it, but other webdataset readers unpickle it, running any code planted in it;
+changed_shard (error) for a prepared shard replaced or rewritten since: its tar no longer holds the samples its
+energon index lists (every tar header is compared with the index), so prepare it again.
 
 Probing reads every packet of a video and decodes from its last keyframe to the end: a file cut short (e.g. an
 mp4 written with its index at the front) is reported as partial_video with "N of M frames readable". --deep
@@ -56,7 +58,8 @@ reconstruct; sizes here are as displayed. A matrix that is not a multiple of 90 
 
 Prints a table per problem code and writes every problem as a json line to --report.
 Exit status: 0 no errors (warnings allowed); 1 some sample has an error or a shard is damaged (0 with
---allow-skips), or a shard holds a pickled member; 2 DATA missing or without samples."""
+--allow-skips), or a shard holds a pickled member or changed since it was prepared; 2 DATA missing or without
+samples."""
 
 
 def _size(text: str) -> int:
@@ -208,6 +211,14 @@ def _check(args: argparse.Namespace) -> int:
         console.print(
             f"[red]error:[/] {len(found.pickled)} tar members are pickles (see the report): training never reads "
             "them, other webdataset readers would run them; remove them from the shards"
+        )
+        status = 1
+    if found.changed:
+        names = ", ".join(shard for shard, _ in found.changed[:EXAMPLES])
+        folder = args.data.parent if args.data.is_file() else args.data
+        console.print(
+            f"[red]error:[/] {len(found.changed)} tar shards changed since they were prepared ({names}): training "
+            f"refuses them; run python -m data_tools prepare {folder} again (see the report)"
         )
         status = 1
     return status

@@ -16,7 +16,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from tokenizer_posttrain.data.probe import Problem, VideoProbeError, clip_problems, probe_video
-from tokenizer_posttrain.data.shard_check import MemberScan, ShardDamage, index_offsets
+from tokenizer_posttrain.data.shard_check import MemberScan, ShardDamage, index_change, index_offsets
 
 from .prepare import META, find_shards
 from .sources import find_videos, is_video
@@ -29,6 +29,7 @@ class NoSamples(Exception):
 
 
 DAMAGED_SHARD = "damaged_shard"
+CHANGED_SHARD = "changed_shard"
 PICKLED_MEMBER = "pickled_member"
 # Members webdataset's default decoders unpickle (pickle.loads) or torch.load with weights_only=False, also gzipped.
 _PICKLED_SUFFIXES = (".pkl", ".pickle", ".pyd", ".pth")
@@ -63,6 +64,8 @@ class Findings:
     damaged: list[ShardDamage] = field(default_factory=list)
     pickled: list[tuple[str, Problem]] = field(default_factory=list)
     """``("<shard>:<member>", pickled_member error)`` per pickled tar member (never read, so not a sample)."""
+    changed: list[tuple[str, Problem]] = field(default_factory=list)
+    """``(shard, changed_shard error)`` per shard that no longer matches its energon index (training refuses it)."""
 
     def bad_samples(self, severity: str) -> set[str]:
         """Names of the samples with at least one problem of ``severity``."""
@@ -74,17 +77,20 @@ class Findings:
         return sum(d.lost or 0 for d in self.damaged)
 
     def all_problems(self) -> list[tuple[str, Problem]]:
-        """The samples' problems, the pickled members' errors, then one ``damaged_shard`` error per damaged shard
-        (named by the shard)."""
+        """The samples' problems, the pickled members' errors, then one ``changed_shard`` error per changed shard
+        and one ``damaged_shard`` error per damaged shard (named by the shard)."""
         shards = [(d.shard, Problem("error", DAMAGED_SHARD, d.message())) for d in self.damaged]
-        return [*self.problems, *self.pickled, *shards]
+        return [*self.problems, *self.pickled, *self.changed, *shards]
 
 
 def _samples_in_tars(root: Path, shards: list[str], found: Findings) -> Iterator[tuple[str, BinaryIO]]:
     """Video members of each shard up to its first damage, which goes to ``found.damaged``; pickled members go
-    to ``found.pickled``, unread."""
+    to ``found.pickled``, unread; shards that no longer match their energon index go to ``found.changed``."""
     for shard in shards:
         offsets = index_offsets(root / shard)
+        change = index_change(root / shard, every_sample=True)
+        if change is not None:
+            found.changed.append((shard, Problem("error", CHANGED_SHARD, change.message(root))))
         scan = MemberScan(root / shard, None if offsets is None else len(offsets) - 1, lambda m: is_video(Path(m.name)))
         for member, f in scan:
             if is_video(Path(member.name)):

@@ -13,7 +13,7 @@ from tests.videos import cut_inside_sample, encode_video, write_energon_dataset
 from tokenizer_posttrain.core.errors import DataError
 from tokenizer_posttrain.data.batch import PREFETCH
 from tokenizer_posttrain.data.preflight import loader_prefetch, preflight
-from tokenizer_posttrain.data.shard_check import MemberScan, index_offsets, indexed_damage
+from tokenizer_posttrain.data.shard_check import MemberScan, index_change, index_offsets, indexed_damage
 
 
 @pytest.fixture
@@ -24,6 +24,26 @@ def two_shards(tmp_path: Path) -> Path:
 
 def _preflight(path: Path, max_skip_fraction: float, samples: int = 16) -> list[str]:
     return preflight(path, 9, 32, 32, None, samples, max_skip_fraction)
+
+
+def rewrite_shard(shard: Path, videos: dict[str, bytes]) -> None:
+    """Write ``shard`` anew with these ``<key>.mp4`` samples, leaving its energon index as it was."""
+    import webdataset as wds
+
+    with wds.TarWriter(str(shard)) as writer:
+        for key, data in videos.items():
+            writer.write({"__key__": key, "mp4": data})
+
+
+def other_videos(count: int, first_seed: int) -> dict[str, bytes]:
+    """``count`` videos not in :func:`two_shards`, keyed ``n<seed>``."""
+    return {f"n{seed}": encode_video(12, 48, 64, seed=seed) for seed in range(first_seed, first_seed + count)}
+
+
+def shard_videos(shard: Path) -> dict[str, bytes]:
+    """The ``<key>.mp4`` samples of a tar shard, in order."""
+    with tarfile.open(shard) as tar:
+        return {m.name.removesuffix(".mp4"): tar.extractfile(m).read() for m in tar if m.isfile()}
 
 
 def test_a_cut_shard_is_named_with_its_readable_samples(two_shards: Path) -> None:
@@ -56,6 +76,34 @@ def test_an_emptied_shard_is_named_not_raised(two_shards: Path) -> None:
     problems = _preflight(two_shards, max_skip_fraction=0.6, samples=20)
     assert any(p.startswith("train1.tar: damaged tar shard: the file ends at byte 0") for p in problems)
     assert any(p.startswith("train1.tar: damaged tar shard (ReadError: empty file)") for p in problems)
+
+
+def test_a_replaced_shard_is_refused_in_one_line(two_shards: Path) -> None:
+    # Before: no word, or a "cut short" warning when the new shard was smaller; energon then read the bytes where
+    # the old index put its samples.
+    rewrite_shard(two_shards / "train1.tar", other_videos(10, first_seed=100))
+    with pytest.raises(DataError) as err:
+        _preflight(two_shards, max_skip_fraction=1.0, samples=0)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"data.path={two_shards}: train1.tar: tar shard changed since it was prepared: sample")
+    assert message.endswith(f"Run python -m data_tools prepare {two_shards} again")
+    assert index_change(two_shards / "train0.tar") is None
+
+
+def test_shards_rewritten_with_more_samples_are_refused(two_shards: Path) -> None:
+    # Before: accepted without a word, and training read the first 10 samples of each 30.
+    for n, shard in enumerate(("train0.tar", "train1.tar")):
+        rewrite_shard(two_shards / shard, shard_videos(two_shards / shard) | other_videos(20, first_seed=100 + 20 * n))
+    with pytest.raises(DataError) as err:
+        _preflight(two_shards, max_skip_fraction=0.2, samples=0)
+    message = str(err.value)
+    assert "\n" not in message and "train0.tar: tar shard changed since it was prepared: it holds n100.mp4" in message
+    assert "after the 10 samples its index lists" in message and "(1 more train shards changed: train1.tar)" in message
+    # A cut shard is not a changed one: its whole samples are where its index says.
+    cut_inside_sample(two_shards / "train0.tar", 4)
+    change = index_change(two_shards / "train0.tar", every_sample=True)
+    assert change is None and indexed_damage(two_shards / "train0.tar").readable == 4
 
 
 def test_member_scan_stops_at_the_cut_and_says_where(two_shards: Path) -> None:

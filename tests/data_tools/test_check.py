@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.data.test_preflight import other_videos, rewrite_shard, shard_videos
 from tests.data.test_task_encoder import write_planted_dataset
 from tests.videos import bigbuckbunny, cut_inside_sample, encode_video, faststart, write_energon_dataset
 
@@ -210,3 +211,41 @@ def test_check_reports_pickled_members_without_unpickling_them(tmp_path: Path, c
     assert pickled["000000.tar:x1.pth"]["severity"] == "error"
     assert message.startswith("sample x1 of 000000.tar holds x1.pth, a pickle: training never reads it")
     assert "other webdataset readers unpickle it" in message and "remove it" in message
+
+
+@pytest.fixture
+def two_shards(tmp_path: Path) -> Path:
+    videos = {f"v{i:02d}": encode_video(12, 48, 64, seed=i) for i in range(20)}
+    return write_energon_dataset(tmp_path / "data", videos, train_shards=2)
+
+
+def _changed(report: Path) -> dict[str, str]:
+    """shard -> changed_shard message."""
+    return {sample: line["message"] for (sample, code), line in read_report(report).items() if code == "changed_shard"}
+
+
+def test_check_refuses_a_replaced_shard(two_shards: Path, capsys: pytest.CaptureFixture) -> None:
+    # Before: "all usable", exit 0, for a shard whose samples are not the ones its energon index lists.
+    rewrite_shard(two_shards / "train1.tar", other_videos(10, first_seed=100))
+    report = two_shards.parent / "report.jsonl"
+    args = ["--frames", "9", "--crop", "32", "--allow-skips", "--report", report]
+    status, out, _ = run_main(capsys, "check", two_shards, *args)
+    assert status == 1 and "20 total, 20 usable" in out  # --allow-skips does not cover it: training refuses it
+    said = " ".join(out.split())  # rich wraps long lines
+    assert "1 tar shards changed since they were prepared (train1.tar)" in said
+    assert f"run python -m data_tools prepare {two_shards} again" in said
+    (message,) = _changed(report).values()
+    assert message.startswith("train1.tar: tar shard changed since it was prepared: sample 1 of 10 (at byte 0)")
+    assert message.endswith(f"Run python -m data_tools prepare {two_shards} again")
+
+
+def test_check_refuses_shards_rewritten_with_more_samples(two_shards: Path, capsys: pytest.CaptureFixture) -> None:
+    # Before: "all usable", exit 0, and training read a third of the videos.
+    for n, shard in enumerate(("train0.tar", "train1.tar")):
+        rewrite_shard(two_shards / shard, shard_videos(two_shards / shard) | other_videos(20, first_seed=100 + 20 * n))
+    report = two_shards.parent / "report.jsonl"
+    status, out, _ = run_main(capsys, "check", two_shards, "--frames", "9", "--crop", "32", "--report", report)
+    assert status == 1 and "60 total, 60 usable" in out
+    changed = _changed(report)
+    assert set(changed) == {"train0.tar", "train1.tar"}
+    assert "it holds n120.mp4 and more after the 10 samples its index lists" in changed["train1.tar"]

@@ -14,7 +14,7 @@ from typing import Any
 from ..core.errors import DataError
 from .batch import PREFETCH
 from .layout import SPLIT_FILE, split_parts
-from .shard_check import FIX, indexed_damage, whole_members
+from .shard_check import FIX, index_change, indexed_damage, whole_members
 
 # The video stack (PyAV, energon's helpers) is imported where it is used: runs on synthetic
 # clips, which import this module, then need none of it.
@@ -135,14 +135,19 @@ def _sample_members(shards: list[Path], count: int, seed: int, unreadable: list[
 
 
 def check_shards(path: str | Path, shards: list[Path], max_skip_fraction: float) -> list[str]:
-    """Compare every train shard with its energon index (a stat and an index read each): raise
-    :class:`DataError` when the samples lost in cut-short shards are more than ``max_skip_fraction``
-    of the train samples, else return one warning line per damaged shard (training skips the lost
-    samples and counts them)."""
+    """Compare every train shard with its energon index (a stat, an index read and a few tar headers each):
+    raise :class:`DataError` when a shard was replaced or rewritten since it was prepared (energon would read
+    what its old index lists: :func:`~.shard_check.index_change`), or when the samples lost in cut-short shards
+    are more than ``max_skip_fraction`` of the train samples; else return one warning line per damaged shard
+    (training skips the lost samples and counts them)."""
+    root = Path(path)
+    changed = [c for c in map(index_change, shards) if c is not None]
+    if changed:
+        more = f" ({len(changed) - 1} more train shards changed: {', '.join(c.shard for c in changed[1:4])})"
+        raise DataError(f"data.path={root}: {changed[0].message(root)}{more if len(changed) > 1 else ''}")
     damaged = [d for d in map(indexed_damage, shards) if d is not None]
     if not damaged:
         return []
-    root = Path(path)
     counts = json.loads((root / ".nv-meta" / ".info.json").read_text()).get("shard_counts", {})
     total = sum(counts.get(shard.name, 0) for shard in shards)
     lost = sum(d.lost or 0 for d in damaged)

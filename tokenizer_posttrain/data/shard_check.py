@@ -10,6 +10,7 @@ data") when a member's bytes are. Plain files only: no energon, no video stack.
 from __future__ import annotations
 
 import io
+import re
 import struct
 import tarfile
 from collections.abc import Callable, Iterator
@@ -75,6 +76,111 @@ def indexed_damage(shard: Path) -> ShardDamage | None:
         return None
     detail = f"the file ends at byte {size}, but its index ({INDEX_SUFFIX}) expects {offsets[-1]}"
     return ShardDamage(shard.name, readable, total, detail)
+
+
+PREPARE_AGAIN = "python -m data_tools prepare"
+# How energon's prepare groups regular tar members into samples, which must be matched exactly: names starting
+# "__...__" are skipped, and a sample's key is the name up to the first dot of its last part (no dot: skipped).
+_ENERGON_META = re.compile(r"__[^/]*__($|/)")
+_ENERGON_PART = re.compile(r"((?:.*/)?[^.]+)\.[^/]*")
+
+
+@dataclass(frozen=True)
+class ShardChange:
+    """A prepared shard whose tar no longer holds the samples its energon index lists (replaced or rewritten)."""
+
+    shard: str
+    detail: str
+    """What differs, e.g. ``"sample 1 of 10 (at byte 0) ends at byte 9216, its index says 8704"``."""
+
+    def message(self, root: Path | str) -> str:
+        """One line: the shard, what differs, what to do (``root``: the dataset folder to prepare again)."""
+        return (
+            f"{self.shard}: tar shard changed since it was prepared: {self.detail}; energon would read the samples "
+            f"its old index ({INDEX_SUFFIX}) lists, not the ones it holds now. Run {PREPARE_AGAIN} {root} again"
+        )
+
+
+def index_change(shard: Path, every_sample: bool = False) -> ShardChange | None:
+    """Compare a prepared shard's tar headers with its energon index; None when they agree, when the shard has
+    no index, or when it is only cut short (its whole samples are where the index says: :func:`indexed_damage`).
+
+    Each sample checked must start at its indexed offset and end where the next one starts, one sample key in
+    between; and nothing but the end of the archive may follow the last one. By default only the first, middle
+    and last whole samples are walked (a few 512-byte header reads per shard, cheap enough at every launch);
+    ``every_sample`` walks them all.
+    """
+    offsets = index_offsets(shard)
+    if offsets is None:
+        return None
+    total = len(offsets) - 1
+    try:
+        size = shard.stat().st_size
+        with open(shard, "rb") as f:
+            whole = next((i for i in range(total) if offsets[i + 1] > size), total)
+            picks = range(whole) if every_sample else sorted({0, whole // 2, whole - 1} & set(range(whole)))
+            for i in picks:
+                problem = _sample_problem(f, offsets[i], offsets[i + 1])
+                if problem:
+                    return ShardChange(shard.name, f"sample {i + 1} of {total} (at byte {offsets[i]}) {problem}")
+            if whole == total:
+                extra = _member_at(f, offsets[-1])
+                if extra is not None:
+                    return ShardChange(
+                        shard.name, f"it holds {extra} and more after the {total} samples its index lists"
+                    )
+    except OSError:
+        return None  # unreadable: the preflight and the loader name it as damaged
+    return None
+
+
+def _sample_key(member: tarfile.TarInfo) -> str | None:
+    """energon's sample key of a tar member, None for a member that is part of no sample."""
+    if not member.isreg() or _ENERGON_META.match(member.name):
+        return None
+    part = _ENERGON_PART.fullmatch(member.name)
+    return None if part is None else part.group(1)
+
+
+def _sample_problem(f: BinaryIO, start: int, end: int) -> str | None:
+    """How the tar bytes ``[start, end)`` of ``f`` differ from one energon sample; None when they are one."""
+    f.seek(start)
+    keys: list[str] = []
+    first = boundary = None
+    try:
+        with tarfile.open(fileobj=f, mode="r:") as tar:
+            for member in tar:
+                if member.offset >= end:
+                    boundary = member.offset
+                    break
+                key = _sample_key(member)
+                if key is not None:
+                    first = member.offset if first is None else first
+                    if key not in keys:
+                        keys.append(key)
+            else:
+                boundary = tar.offset
+    except (tarfile.TarError, OSError, EOFError) as err:
+        return f"cannot be read as its index says ({type(err).__name__}: {err})"
+    if first != start:
+        return "does not begin where its index says" if first is not None else "holds no member where its index says"
+    if len(keys) > 1:
+        return f"holds samples {', '.join(keys[:3])} where its index lists one"
+    if boundary != end:
+        return f"ends at byte {boundary}, its index says {end}"
+    return None
+
+
+def _member_at(f: BinaryIO, offset: int) -> str | None:
+    """The name of the tar member whose header lies at ``offset`` (None: end of archive, or none there)."""
+    f.seek(offset)
+    try:
+        # tarfile, not one header block: a long name sits in an extended header before the member's own.
+        with tarfile.open(fileobj=f, mode="r:") as tar:
+            member = tar.next()
+    except (tarfile.TarError, OSError, EOFError):
+        return None
+    return None if member is None else member.name
 
 
 def whole_members(tar: tarfile.TarFile, size: int) -> list[tarfile.TarInfo]:
