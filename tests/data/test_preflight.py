@@ -163,6 +163,27 @@ def test_a_prefetch_that_overflows_shared_memory_is_refused_with_what_fits(tmp_p
         loader_prefetch(free // 2, num_workers=2, prefetch=None, folder=tmp_path)  # 3 batches even at 1
 
 
+def test_a_huge_prefetch_is_refused_at_once(tmp_path: Path) -> None:
+    # Before: data.prefetch=1000000000 hung the launch, trying every smaller value in turn to find what fits.
+    import threading
+
+    free = shutil.disk_usage(tmp_path).free
+    raised: list[DataError] = []
+
+    def refuse() -> None:
+        with pytest.raises(DataError) as err:
+            loader_prefetch(free // 20, num_workers=3, prefetch=10**9, processes=2, folder=tmp_path)
+        raised.append(err.value)
+
+    worker = threading.Thread(target=refuse, daemon=True)  # a hang must fail the test, not stall the suite
+    worker.start()
+    worker.join(timeout=0.5)
+    assert not worker.is_alive() and len(raised) == 1
+    message = str(raised[0])
+    assert "\n" not in message and "data.prefetch=1000000000 x data.num_workers=3" in message
+    assert "data.prefetch=3 fits" in message  # 2 x 3 x 3 + 2 = 20 of the 20 batches that fit
+
+
 def test_the_default_prefetch_gives_way_to_short_shared_memory_with_a_warning(tmp_path: Path) -> None:
     free = shutil.disk_usage(tmp_path).free
     assert loader_prefetch(free // 40, num_workers=2, prefetch=None, folder=tmp_path) == PREFETCH == 6  # 13 of 40

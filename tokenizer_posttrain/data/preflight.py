@@ -91,7 +91,8 @@ def loader_prefetch(
 
     if needed(wanted) <= free:
         return wanted
-    fits = max((ahead for ahead in range(1, wanted) if needed(ahead) <= free), default=0)
+    # The most that fit, solved for (needed is linear in it): a scan up to a huge data.prefetch would hang.
+    fits = max(0, min(wanted - 1, (free // batch_bytes - processes) // (processes * num_workers)))
     shown = f"{processes * num_workers * wanted + processes} batches of {_size(batch_bytes)}"
     what = (
         f"data.prefetch={wanted} x data.num_workers={num_workers} x {processes} process(es) on this machine keep up "
