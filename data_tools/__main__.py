@@ -8,6 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tokenizer_posttrain.core.errors import UserError
+
 from .check import EXAMPLES, Findings, NoSamples, check_dataset, print_summary, write_report
 from .make_shards import Options, UsageError, make_shards
 from .prepare import PrepareError, find_shards, prepare_folder
@@ -255,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(err))
     except PrepareError as err:
         return _fail(str(err), 1)
+    except UserError as err:  # bad input found on the way (e.g. a manifest line), one line like the trainer's
+        return _fail(str(err), err.exit_code)
     except KeyboardInterrupt:
         return _fail("interrupted; re-run the same command to continue where it stopped", 130)
 

@@ -12,6 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
+from tokenizer_posttrain.core.errors import DataError
+
 from .sources import assign_splits
 
 META = ".nv-meta"
@@ -136,17 +138,49 @@ def _run_prepare_command(root: Path, args: list[str]) -> None:
         raise PrepareError(f"energon prepare failed on {root} ({type(err).__name__}: {err}):\n{tail}") from err
 
 
-def manifest_splits(root: Path) -> dict[str, str]:
-    """shard -> split from ``root/manifest.jsonl`` (written by make-shards), empty when there is none."""
+def read_manifest(root: Path, required: dict[str, type] | None = None) -> list[dict]:
+    """The entries of ``root/manifest.jsonl`` (empty list when there is none), each a JSON object with the
+    ``required`` keys and value types (default: the shard and split names); :class:`DataError` naming the file
+    and line of the first one that is not."""
+    required = {"shard": str, "split": str} if required is None else required
     path = root / MANIFEST
     if not path.is_file():
-        return {}
-    splits = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
+        return []
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as err:
+        raise DataError(f"{path} cannot be read ({err.strerror}); make it readable or delete it") from None
+    entries = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
             entry = json.loads(line)
-            splits[entry["shard"]] = entry["split"]
-    return splits
+        except json.JSONDecodeError as err:
+            problem = f"is not valid JSON ({err.msg}: column {err.colno})"
+        except ValueError:  # bytes that are not UTF-8 text
+            problem = "is not UTF-8 text"
+        else:
+            missing = [f'"{key}"' for key, kind in required.items() if not isinstance(_get(entry, key), kind)]
+            if not missing:
+                entries.append(entry)
+                continue
+            problem = f"is not a make-shards entry (no {', '.join(missing)} of the right type)"
+        raise DataError(
+            f"{path} line {number} {problem}: fix or delete that line, or delete the file (make-shards writes one "
+            "JSON object per video)"
+        )
+    return entries
+
+
+def _get(entry: object, key: str) -> object:
+    """``entry[key]`` of a JSON object, None for anything else."""
+    return entry.get(key) if isinstance(entry, dict) else None
+
+
+def manifest_splits(root: Path) -> dict[str, str]:
+    """shard -> split from ``root/manifest.jsonl`` (written by make-shards), empty when there is none."""
+    return {entry["shard"]: entry["split"] for entry in read_manifest(root)}
 
 
 def prepare_folder(root: Path, val_fraction: float, seed: int) -> dict[str, list[str]]:

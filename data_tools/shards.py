@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from .prepare import MANIFEST
+from .prepare import MANIFEST, read_manifest
 
 TMP_SUFFIX = ".tmp"  # energon only looks at *.tar, so a half-written shard is never indexed
 
@@ -50,12 +50,14 @@ def tar_file_size(members: int) -> int:
     return -(-(members + 1024) // 10240) * 10240
 
 
+# What make-shards reads back from each manifest entry on a re-run.
+_ENTRY_KEYS = {"key": str, "relpath": str, "shard": str, "split": str, "source_bytes": int, "source_mtime_ns": int}
+
+
 def load_manifest(out: Path) -> list[dict]:
-    """The entries of ``out/manifest.jsonl`` (empty list when there is none)."""
-    path = out / MANIFEST
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The entries of ``out/manifest.jsonl`` (empty list when there is none); a line that is not an entry
+    raises :class:`~tokenizer_posttrain.core.errors.DataError` naming the file and line."""
+    return read_manifest(out, _ENTRY_KEYS)
 
 
 def write_manifest(out: Path, entries: list[dict]) -> None:

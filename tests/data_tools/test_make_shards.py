@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from data_tools.__main__ import main
+from data_tools.shards import Packed, ShardWriter
 from tests.conftest import ROOT, captured_output, run_script
 from tests.data.test_probe import audio_only_mp4
 from tests.videos import encode_video, write_video
@@ -323,3 +324,30 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     status, _, err = run_main(capsys, "make-shards", tmp_path / "e", tmp_path / "out2")
     assert status == 2 and "no videos" in err
     assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+def test_a_broken_manifest_line_is_named_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # Before: json.decoder.JSONDecodeError (or KeyError) and a traceback, from make-shards and from prepare.
+    src, out = tmp_path / "src", tmp_path / "out"
+    out.mkdir()
+    writer = ShardWriter(out, max_bytes=10**6, index=0, entries=[])  # make-shards' own writer: shard + manifest
+    for key, seed in (("a", 0), ("b", 1)):
+        video = write_video(src / f"{key}.mp4", 8, 32, 32, seed=seed)
+        writer.add(Packed(video.name, video, video, key, "train", {}, transcoded=False))
+    writer.close()
+    path = out / "manifest.jsonl"
+    lines = path.read_text().splitlines()
+    for broken, problem in (
+        (lines[1][:40], "is not valid JSON (Unterminated string starting at: column "),
+        ('["a list"]', 'is not a make-shards entry (no "key", "relpath", "shard", "split", "source_bytes", '),
+    ):
+        path.write_text("\n".join([lines[0], broken]) + "\n")
+        status, said, err = run_main(capsys, "make-shards", src, out, "--val-fraction", "0")
+        assert status == 1 and said == "" and "Traceback" not in err and err.count("\n") == 1
+        assert err.startswith(f"error: {path} line 2 {problem}")
+        assert err.endswith(
+            "fix or delete that line, or delete the file (make-shards writes one JSON object per video)\n"
+        )
+    status, _, err = run_main(capsys, "prepare", out)
+    assert status == 1 and err.startswith(f'error: {path} line 2 is not a make-shards entry (no "shard", "split" ')
+    assert err.count("\n") == 1
