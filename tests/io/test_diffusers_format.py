@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from tests.conftest import run_script
 from tokenizer_posttrain.core.errors import CheckpointError, ExportError
 from tokenizer_posttrain.evaluation.latent_stats import LatentStats
 from tokenizer_posttrain.io.checkpoint import expected_shapes, load_tokenizer, read_weights
+from tokenizer_posttrain.io.config_json import ALTERED
 from tokenizer_posttrain.io.diffusers_format import (
     DIFFUSERS_WEIGHTS,
     diffusers_config,
@@ -264,7 +266,8 @@ KEY = "decoder.up_blocks.1.upsamplers.0.conv1.weight"
         (_edit_config(attention_resolutions=[64]), r"puts attention inside the levels at resolution \[64\]"),
         (_edit_config(temporal_compression_ratio=2), r"no Cosmos tokenizer compresses 2x8x8 with patch_size 4"),
         (_edit_config(_class_name="AutoencoderKLWan"), r"describes a diffusers AutoencoderKLWan, not an Autoenc"),
-        (lambda f: (f / "config.json").write_text("{"), r"cannot read .*config.json: Expecting"),
+        (lambda f: (f / "config.json").write_text("{"),
+         r"config.json is not valid JSON \(Expecting .* at line 1, column 2\); copy, download or export the folder"),
     ],
 )  # fmt: skip
 def test_a_tampered_diffusers_folder_is_refused_in_one_line_naming_what_is_wrong(
@@ -278,6 +281,60 @@ def test_a_tampered_diffusers_folder_is_refused_in_one_line_naming_what_is_wrong
     with pytest.raises(CheckpointError, match=message) as err:
         read_weights(folder)
     assert "\n" not in str(err.value)
+
+
+_FIX = "copy, download or export the folder again"
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        # Before: the layout of a hundred million blocks was built until the memory ran out.
+        (_edit_config(num_layers=100_000_000), "num_layers=100000000 is not an integer from 1 to 16;"),
+        # Before: tracebacks from torch's size arithmetic.
+        (_edit_config(latent_channels=1_000_000_000), "latent_channels=1000000000 is not an integer from 1 to 4096;"),
+        (_edit_config(encoder_block_out_channels=[2**30, 2**31, 2**32, 2**32],
+                      decode_block_out_channels=[2**31, 2**32, 2**32, 2**32]),
+         r"encoder_block_out_channels=\[1073741824, .* is not a list of 2 to 9 integers from 1 to 16384;"),
+        (_edit_config(in_channels=10**6), "in_channels=1000000 is not an integer from 1 to 64;"),
+        # Before: loaded (resolution only places attention), or refused with a million values in the message.
+        (_edit_config(resolution=10**30), "resolution=1000000000000000000000000000000 is not an integer from 1 to"),
+        (_edit_config(attention_resolutions=list(range(1, 10**6))),
+         r"attention_resolutions=\[1, 2, .*\.\.\. \(\d+ characters\) is not a list of 0 to 64 integers"),
+        (_edit_config(patch_size=4.0), "patch_size=4.0 is not a power of two from 1 to 16;"),
+        # Before: "holds no tokenizer checkpoint", as if the folder had no diffusers files.
+        (lambda f: (f / "config.json").write_text("[]"), r"config.json holds a JSON array, not an object of settings"),
+        (lambda f: ((f / "config.json").unlink(), os.mkfifo(f / "config.json")), r"config.json is not a regular file"),
+    ],
+)  # fmt: skip
+def test_a_diffusers_config_out_of_range_is_refused_in_one_line_before_anything_is_built(
+    tamper: Callable[[Path], None], message: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "vae"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no statistics: beside the point here
+        write_diffusers(tiny("CV8x8x8", channels=16), folder, None)
+    tamper(folder)
+    with pytest.raises(CheckpointError, match=message) as refused:
+        load_tokenizer(folder)
+    assert str(refused.value).startswith(str(folder / "config.json")) and "\n" not in str(refused.value)
+    assert str(refused.value).endswith((_FIX, ALTERED))
+
+
+def test_the_export_command_refuses_a_diffusers_config_out_of_range_in_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokenizer_posttrain.__main__ import main
+
+    folder = tmp_path / "vae"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        write_diffusers(tiny("CV8x8x8", channels=16), folder, None)
+    _edit_config(num_layers=100_000_000)(folder)
+    assert main(["export", "--checkpoint", str(folder), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {folder / 'config.json'}: num_layers=100000000 is not an integer from 1 to 16; ")
+    assert err.count("\n") == 1 and "Traceback" not in err and not (tmp_path / "out").exists()
 
 
 _WITHOUT_DIFFUSERS = """

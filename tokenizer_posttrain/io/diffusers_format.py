@@ -26,6 +26,16 @@ from ..core.errors import CheckpointError, ExportError
 from ..network import CausalVideoTokenizer
 from ..network.haar import Patcher3D, UnPatcher3D
 from ..network.registry import REGISTRY, TokenizerConfig
+from .config_json import (
+    INTEGERS,
+    MAX_LEVELS,
+    MAX_WIDTH,
+    POWERS_OF_TWO,
+    integer,
+    integers,
+    read_config_json,
+    shown,
+)
 from .export import CHUNK_FRAMES, _atomic_write, prepared_copy
 from .layout import CONFIG_JSON, Weights, describe_config, diff_layout, expected_shapes, load_safetensors
 
@@ -53,6 +63,18 @@ _DEFAULTS: dict[str, Any] = {
     "temporal_compression_ratio": 8,
 }
 """``AutoencoderKLCosmos.__init__``'s defaults: what diffusers builds for a field that a config.json leaves out."""
+_MAX_RESOLUTION = 65536
+_OURS = {
+    "in_channels": "in_channels",
+    "out_channels": "out_channels",
+    "latent_channels": "latent_channels",
+    "num_layers": "num_res_blocks",
+    "patch_size": "patch_size",
+    "spatial_compression_ratio": "spatial_compression",
+    "temporal_compression_ratio": "temporal_compression",
+}
+"""The field of our config each integer field of diffusers' becomes: it is held to that field's range."""
+_FIX = "copy, download or export the folder again"
 
 
 class LatentMoments(Protocol):
@@ -182,38 +204,34 @@ def diffusers_config(config: TokenizerConfig) -> dict[str, Any]:
     }
 
 
-def _positive(data: dict[str, Any], key: str, where: Path) -> int:
-    value = data[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise CheckpointError(f"{where}: {key}={value!r} is not a positive integer; the file was altered")
-    return value
-
-
-def _widths(data: dict[str, Any], key: str, where: Path) -> list[int]:
-    value = data[key]
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-        raise CheckpointError(f"{where}: {key}={value!r} is not a list of positive integers; the file was altered")
-    return value
+def _bounded(fields: dict[str, Any], key: str, where: Path) -> int:
+    if key == "resolution":
+        return integer(fields[key], key, 1, _MAX_RESOLUTION, where)
+    ours = _OURS[key]
+    if ours in POWERS_OF_TWO:
+        return integer(fields[key], key, 1, POWERS_OF_TWO[ours], where, power_of_two=True)
+    return integer(fields[key], key, *INTEGERS[ours], where)
 
 
 def tokenizer_config(data: dict[str, Any], where: Path) -> TokenizerConfig:
     """The :class:`TokenizerConfig` of the network that diffusers' ``AutoencoderKLCosmos`` config ``data`` (read
-    from ``where``) describes; :class:`CheckpointError` in one line, naming the field, for one we cannot build."""
+    from ``where``) describes; :class:`CheckpointError` in one line, naming the field, for one we cannot build.
+    Every field read is checked for type and range first, so nothing is built from a value out of range."""
     fields = {**_DEFAULTS, **{k: data[k] for k in _DEFAULTS if k in data}}
     if fields["patch_type"] != "haar":
         raise CheckpointError(
-            f"{where}: patch_type={fields['patch_type']!r}; the Cosmos tokenizers patch with 'haar', the only "
+            f"{where}: patch_type={shown(fields['patch_type'])}; the Cosmos tokenizers patch with 'haar', the only "
             "patcher tokenizer-posttrain builds"
         )
-    one = {k: _positive(fields, k, where) for k, default in _DEFAULTS.items() if isinstance(default, int)}
-    enc, dec, attention = (
-        _widths(fields, k, where)
-        for k in ("encoder_block_out_channels", "decode_block_out_channels", "attention_resolutions")
+    one = {k: _bounded(fields, k, where) for k, default in _DEFAULTS.items() if isinstance(default, int)}
+    # A width list holds the base width and one per level; the decoder's repeats the last.
+    enc, dec = (
+        integers(fields[k], k, 1, MAX_WIDTH, where, (2, MAX_LEVELS + 1))
+        for k in ("encoder_block_out_channels", "decode_block_out_channels")
     )
-    if not enc:
-        raise CheckpointError(f"{where}: encoder_block_out_channels is empty")
+    attention = integers(fields["attention_resolutions"], "attention_resolutions", 1, _MAX_RESOLUTION, where, (0, 64))
     base = enc[0]
-    if len(enc) < 2 or any(width % base for width in enc[1:]):
+    if any(width % base for width in enc[1:]):
         raise CheckpointError(
             f"{where}: encoder_block_out_channels={enc} is not a base width followed by its multiples, one per level"
         )
@@ -324,15 +342,15 @@ def diffusers_class(folder: Path) -> str | None:
     """The ``_class_name`` of the diffusers ``config.json`` in ``folder``; None when there is none (our own
     exports' config.json has no ``_class_name``)."""
     meta = folder / CONFIG_JSON
-    if not meta.is_file():
+    if not (meta.exists() or meta.is_symlink()):
         return None
     try:
-        data = json.loads(meta.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        data = read_config_json(meta, _FIX)
+    except CheckpointError:
         if (folder / DIFFUSERS_WEIGHTS).is_file():  # a diffusers folder whose config is damaged
-            raise CheckpointError(f"cannot read {meta}: {err}; copy or export the folder again") from err
-        return None
-    name = data.get("_class_name") if isinstance(data, dict) else None
+            raise
+        return None  # another folder's config.json (ours is read, and refused, with our weights)
+    name = data.get("_class_name")
     return str(name) if name is not None else None
 
 
@@ -351,14 +369,12 @@ def read_diffusers(folder: str | Path) -> Weights:
     file has them), as is a missing or unreadable file."""
     folder = Path(folder)
     meta = folder / CONFIG_JSON
-    try:
-        data = json.loads(meta.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"cannot read {meta}: {err}; copy or export the folder again") from err
-    found = data.get("_class_name") if isinstance(data, dict) else None
+    data = read_config_json(meta, _FIX)
+    found = data.get("_class_name")
     if found != DIFFUSERS_CLASS:
+        name = found if isinstance(found, str) and len(found) < 60 else shown(found)
         raise CheckpointError(
-            f"{meta} describes a diffusers {found}, not an {DIFFUSERS_CLASS}: only Cosmos tokenizers load here"
+            f"{meta} describes a diffusers {name}, not an {DIFFUSERS_CLASS}: only Cosmos tokenizers load here"
         )
     config = tokenizer_config(data, meta)
     weights = folder / DIFFUSERS_WEIGHTS
