@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -13,8 +14,8 @@ import av
 import numpy as np
 import pytest
 import torch
+from megatron.energon.tools.prepare import command
 
-from data_tools.prepare import energon_prepare
 from tests.videos import cut_inside_sample, encode_video, write_energon_dataset
 from tokenizer_posttrain.data.batch import ASPECT_RATIO, KEYS, LOSS_MASK, SKIPPED, VIDEO
 from tokenizer_posttrain.data.energon import EnergonVideoDataModule
@@ -312,7 +313,10 @@ def write_planted_dataset(root: Path, marker: Path, samples: int = 2) -> Path:
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
-    energon_prepare(root, {"train": ["000000.tar"]})
+    # energon's own command in this process, as write_energon_dataset does (a fresh process costs seconds)
+    args = ["--non-interactive", "--no-progress", "--sample-type", "CrudeWebdataset", "--split-parts"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        command.main([*args, "train:000000.tar", str(root)], prog_name="energon prepare", standalone_mode=False)
     return root
 
 
