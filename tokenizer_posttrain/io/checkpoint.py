@@ -7,7 +7,6 @@ what a ``strict=False`` load does silently).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from ..core.errors import CheckpointError
 from ..core.untrusted import load_torch_file
 from ..network import CausalVideoTokenizer
 from ..network.registry import REGISTRY, TokenizerConfig, get_config
+from .config_json import read_config_json, tokenizer_settings
 from .diffusers_format import DIFFUSERS_WEIGHTS, diffusers_class, read_diffusers
 from .jit_archive import read_jit_state
 from .layout import (
@@ -51,11 +51,12 @@ def _read_jit(path: Path) -> dict[str, Tensor]:
 def _read_safetensors(path: Path) -> Weights:
     if path.name == DIFFUSERS_WEIGHTS and diffusers_class(path.parent):
         return read_diffusers(path.parent)
-    state = load_safetensors(path)
     config = None
     meta = path.with_name(CONFIG_JSON)
-    if meta.is_file():
-        config = _config_from_dict(json.loads(meta.read_text()).get(CONFIG_KEY), meta)
+    if meta.exists() or meta.is_symlink():  # a FIFO or a dangling link too: refused in one line, never waited on
+        settings = read_config_json(meta, "export the tokenizer again, or restore config.json from a copy")
+        config = _config_from_dict(settings.get(CONFIG_KEY), meta)
+    state = load_safetensors(path)
     return Weights({_normalize_key(k): v for k, v in state.items()}, str(path), config)
 
 
@@ -149,13 +150,15 @@ def _fold_lora(state: dict[str, Tensor], scale: float) -> None:
         state[f"{base}.weight"] = (weight.float() + scale * delta).to(weight.dtype)
 
 
-def _config_from_dict(data: dict[str, Any] | None, where: Path) -> TokenizerConfig | None:
+def _config_from_dict(data: Any, where: Path) -> TokenizerConfig | None:
     if data is None:
         return None
+    # Each field checked for type and range first: the layout is built from them before the weights are compared.
+    settings = tokenizer_settings(data, CONFIG_KEY, where)
     try:
-        return TokenizerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"{where}: invalid tokenizer config {data}: {err}") from err
+        return TokenizerConfig(**settings)
+    except ValueError as err:  # fields each in range that do not fit together
+        raise CheckpointError(f"{where}: invalid {CONFIG_KEY}: {err}") from err
 
 
 def read_weights(path: str | Path, ema: bool = False) -> Weights:
