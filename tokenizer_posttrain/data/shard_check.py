@@ -118,7 +118,7 @@ def index_change(shard: Path, every_sample: bool = False) -> ShardChange | None:
         size = shard.stat().st_size
         with open(shard, "rb") as f:
             whole = next((i for i in range(total) if offsets[i + 1] > size), total)
-            picks = range(whole) if every_sample else sorted({i for i in (0, whole // 2, whole - 1) if i >= 0})
+            picks = range(whole) if every_sample else sorted({i for i in (0, whole // 2, whole - 1) if 0 <= i < whole})
             for i in picks:
                 problem = _sample_problem(f, offsets[i], offsets[i + 1])
                 if problem:
