@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -227,6 +230,48 @@ def test_a_non_finite_learning_rate_stops_before_any_work(tmp_path: Path, base_a
     result = posttrain_here(base, videos, tmp_path / "run", lr="inf")
     assert result.returncode == 1 and "invalid optim.lr=inf" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()  # no shards, no baseline evaluation
+
+
+def _saved(content: object) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(content, buffer)
+    return buffer.getvalue()
+
+
+def _stats_file(content: object) -> Callable[[Path], None]:
+    """Writes ``content`` as ``mean_std.pt``: bytes as they are, anything else with ``torch.save``."""
+    return lambda path: path.write_bytes(content) if isinstance(content, bytes) else torch.save(content, path)
+
+
+@pytest.mark.parametrize(
+    ("write", "message"),
+    [
+        (_stats_file((torch.zeros(16, 16), datetime.date(2025, 1, 1))),
+         r"mean_std.pt: it holds a pickled Python object \(datetime.date\)"),
+        (_stats_file(_saved((torch.zeros(16, 16), torch.ones(16, 16)))[:200]),
+         "mean_std.pt: .* The file looks truncated or is not a torch checkpoint"),
+        (_stats_file({"mean": torch.zeros(16, 16)}), r"mean_std.pt does not hold a \(mean, std\) pair of tensors"),
+        (_stats_file((torch.zeros(8, 16), torch.ones(8, 16))),
+         r"mean_std.pt holds statistics of 8 latent channels \(read as \[channels, T\]: \[8, 16\]\), but CV8x8x8 has "
+         r"16 and the workflow compares them with the post-trained encoder's"),
+        (_stats_file((torch.zeros(16, 16), torch.zeros(16, 16))),
+         "mean_std.pt holds NaN or infinite statistics or a std <= 0, which cannot normalize a latent"),
+    ],
+)  # fmt: skip
+def test_bad_latent_statistics_in_the_base_folder_stop_before_any_work(
+    tmp_path: Path, base_and_videos: tuple, write: Callable[[Path], None], message: str
+) -> None:
+    # Before: shards, a baseline evaluation and training ran first; the evaluation against the base then refused
+    # the file (or the run went on with statistics no latent can be normalized with).
+    base, videos = base_and_videos
+    shutil.copytree(base, tmp_path / "base")
+    write(tmp_path / "base" / MEAN_STD)
+    options = dict(steps=1, frames=9, size=32, num_workers=0, val_fraction=0.5, eval_clips=1, stats_clips=1)
+    result = posttrain_here(tmp_path / "base", videos, tmp_path / "run", **options)
+    assert result.returncode == 1 and re.search(message, result.stderr), result.stdout[-3000:] + result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert str(tmp_path / "base" / MEAN_STD) in result.stderr
+    assert not (tmp_path / "run").exists()  # no shards, no run folder
 
 
 def test_a_diffusers_export_of_a_discrete_tokenizer_is_refused_before_any_work(tmp_path: Path) -> None:

@@ -15,10 +15,12 @@ import sys
 from pathlib import Path
 from typing import Literal, Optional
 
-from ..core.errors import DataError, UserError, WorseThanBaseError
+from ..core.errors import CheckpointError, DataError, UserError, WorseThanBaseError
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.layout import dataset_splits
 from ..evaluation.latent_stats import (
+    IMAGE_MEAN_STD,
+    MEAN_STD,
     STATS_CLIPS,
     carry_base_stats,
     dataset_latent_stats,
@@ -242,6 +244,7 @@ def posttrain(
     config = resolve_config(read_weights(base), model, {}, MODEL_FLAG)
     if "diffusers" in formats:
         diffusers_config(config)  # DV or another network diffusers cannot build: refused before any work
+    check_base_stats(config, base, compared=sweep or trainable != "decoder", diffusers="diffusers" in formats)
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)
     data_path = prepare_data(Path(videos), run_dir, val_fraction)
@@ -329,6 +332,37 @@ def posttrain(
             "or --sweep, or pass --allow-worse to accept it"
         )
     return summary
+
+
+def check_base_stats(config: TokenizerConfig, base: str, compared: bool, diffusers: bool) -> None:
+    """Refuse, in one line and before any work, the base's latent statistics (``mean_std.pt``,
+    ``image_mean_std.pt`` beside ``base``) that the workflow would refuse only after training: a file that is not
+    a (mean, std) pair of tensors (the evaluation against the base reads it, and so does the copy into a
+    decoder-only export), statistics of another number of channels than ``config``'s latent when they are
+    ``compared`` with the post-trained encoder's or written into a ``diffusers`` config, and values that cannot
+    normalize a latent (NaN, infinite, a std <= 0). A discrete tokenizer's are never read."""
+    if config.is_discrete:
+        return
+    stats = read_latent_stats(base)  # CheckpointError for a pickled object, garbage, or not a pair of tensors
+    if stats is None:
+        return
+    path, channels = stats_folder(base) / MEAN_STD, config.latent_channels
+    fix = (
+        f"compute them again (export --latent-stats DATA), or move {MEAN_STD} and {IMAGE_MEAN_STD} out of {path.parent}"
+    )
+    if stats.mean.shape[0] != channels and (compared or diffusers):
+        use = "compares them with the post-trained encoder's" if compared else "writes them into the diffusers config"
+        raise CheckpointError(
+            f"{path} holds statistics of {stats.mean.shape[0]} latent channels (read as [channels, T]: "
+            f"{list(stats.mean.shape)}), but {config.name} has {channels} and the workflow {use}; save them as a "
+            f"[{channels}, T] pair, or {fix}"
+        )
+    for name, mean, std in ((MEAN_STD, stats.mean, stats.std), (IMAGE_MEAN_STD, stats.image_mean, stats.image_std)):
+        if not (mean.isfinite().all() and std.isfinite().all() and (std > 0).all()):
+            raise CheckpointError(
+                f"{path.parent / name} holds NaN or infinite statistics or a std <= 0, which cannot normalize a "
+                f"latent: {fix}"
+            )
 
 
 def write_latent_stats(
