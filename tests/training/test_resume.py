@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.training.conftest import tiny_run
+from tokenizer_posttrain.commands.guard import run_guarded
 from tokenizer_posttrain.core.errors import CheckpointError
 from tokenizer_posttrain.training.config import ResumeConfig
 from tokenizer_posttrain.training.resume import (
@@ -160,3 +162,134 @@ def test_a_resumed_run_keeps_the_schedule_on_the_optimizer_step(tmp_path: Path) 
         assert high_freq > 0 and total == pytest.approx(l1 + 0.2 * high_freq, rel=1e-5, abs=1e-7)
     for step in (0, 1, 2):  # L1 alone before the boundary
         assert float(rows[step]["train/loss"]) == pytest.approx(float(rows[step]["train/l1"]), rel=1e-6)
+
+
+# -- Relaunches that stop in one line, naming what is wrong (issue 35) ------------------------------------------
+
+
+def launch(capsys: pytest.CaptureFixture, **configs: object) -> tuple[int, str]:
+    """``train(**configs)`` as the train command runs it: its exit code, and what it wrote to stderr."""
+    capsys.readouterr()
+    code = run_guarded(lambda: train(**configs))
+    return code, capsys.readouterr().err
+
+
+def one_error(err: str) -> str:
+    """The only ``error:`` line of ``err``, which holds no traceback."""
+    assert "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, err
+    return errors[0].removeprefix("error: ")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The last.ckpt of a tiny 2-step run: every state Lightning resumes (loops, optimizer, LR scheduler)."""
+    root = tmp_path_factory.mktemp("finished")
+    return train(**tiny_run(root, steps=2)) / "checkpoints" / "last.ckpt"
+
+
+def _fit_loop(ckpt: dict) -> dict:
+    return ckpt["loops"]["fit_loop"]
+
+
+def _adamw(ckpt: dict) -> dict:
+    return ckpt["optimizer_states"][0]
+
+
+def _lambda_lr(ckpt: dict) -> dict:
+    return ckpt["lr_schedulers"][0]
+
+
+PLANTED: dict[str, tuple[Callable[[dict], object], str]] = {
+    # what is planted in a copy of a real checkpoint: (how, the start of the one-line error after the path)
+    "a loop state": (
+        lambda c: _fit_loop(c).update(state_dict=b"\x80\x04."),
+        ": entry loops.fit_loop.state_dict is of type bytes, expected dict;",
+    ),
+    "no fit loop": (lambda c: c["loops"].pop("fit_loop"), ": entry loops has no 'fit_loop';"),
+    "a progress counter": (
+        lambda c: _fit_loop(c)["epoch_loop.batch_progress"]["total"].update(ready="2"),
+        ": entry loops.fit_loop['epoch_loop.batch_progress'].total.ready is of type str, expected int >= 0;",
+    ),
+    "a progress key": (
+        lambda c: _fit_loop(c)["epoch_progress"]["current"].update(reset=0),
+        ": entry loops.fit_loop.epoch_progress.current has an unknown key 'reset';",
+    ),
+    "loader states": (
+        lambda c: _fit_loop(c)["state_dict"].update(combined_loader=[{}]),
+        ": entry loops.fit_loop.state_dict.combined_loader holds 1 data loader state(s), expected none;",
+    ),
+    "the optimizer's state": (
+        lambda c: _adamw(c).update(state=[1, 2]),
+        ": entry optimizer_states[0].state is of type list, expected dict;",
+    ),
+    "its param groups": (
+        lambda c: _adamw(c).update(param_groups=b"\x80\x04."),
+        ": entry optimizer_states[0].param_groups is of type bytes, expected list;",
+    ),
+    "a learning rate": (
+        lambda c: _adamw(c)["param_groups"][0].update(lr="1e-4"),
+        ": entry optimizer_states[0].param_groups[0].lr is of type str, expected finite number;",
+    ),
+    "a moment": (
+        lambda c: _adamw(c)["state"][0].update(exp_avg=b"\x80\x04."),
+        ": entry optimizer_states[0].state[0].exp_avg is of type bytes, expected Tensor;",
+    ),
+    "a state of no parameter": (
+        lambda c: _adamw(c)["state"].update({10**6: {}}),
+        ": entry optimizer_states[0].state holds the state of parameter 1000000, which no parameter group lists;",
+    ),
+    "a scheduler's step": (
+        lambda c: _lambda_lr(c).update(last_epoch="2"),
+        ": entry lr_schedulers[0].last_epoch is of type str, expected int;",
+    ),
+    "a scheduler attribute": (
+        lambda c: _lambda_lr(c).update(optimizer=0),
+        ": entry lr_schedulers[0] has an unknown key 'optimizer';",
+    ),
+    "a schedule function's state": (
+        lambda c: _lambda_lr(c).update(lr_lambdas=[{"planted": 1}]),
+        ": entry lr_schedulers[0].lr_lambdas[0] is of type dict, expected None;",
+    ),
+    "a scheduler of other groups": (
+        lambda c: _lambda_lr(c).update(base_lrs=[1e-4, 1e-4]),
+        ": entry lr_schedulers[0] does not fit its optimizer: as many values are needed in each of "
+        "lr_schedulers[0].base_lrs 2, lr_schedulers[0]._last_lr 1, lr_schedulers[0].lr_lambdas 1, "
+        "optimizer_states[0].param_groups 1;",
+    ),
+    "an old Lightning": (
+        lambda c: c.update({"pytorch-lightning_version": "1.5.0"}),
+        ": entry 'pytorch-lightning_version' is 1.5.0: written by a Lightning older than 2.0.0;",
+    ),
+    # Found only when the optimizer holds its parameters (the file does not say which parameter a state is for).
+    "a moment of another shape": (
+        lambda c: _adamw(c)["state"][0].update(exp_avg=torch.zeros(3)),
+        ": entry optimizer_states[0].state[0].exp_avg has shape (3,), its parameter (",
+    ),
+    # Found when Lightning loads the file, after the launch checks.
+    "no scheduler states": (
+        lambda c: c.pop("lr_schedulers"),
+        " cannot be resumed: it has no lr_schedulers entry (Lightning writes them in every training checkpoint)",
+    ),
+}
+
+
+@pytest.mark.parametrize("place", PLANTED)
+def test_a_crafted_state_in_the_checkpoint_stops_the_relaunch_in_one_line(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture, place: str
+) -> None:
+    plant, expected = PLANTED[place]
+    ckpt = torch.load(finished_run, weights_only=True)
+    plant(ckpt)
+    path = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    path.parent.mkdir(parents=True)
+    torch.save(ckpt, path)
+
+    # The same command again, with more steps: the run folder's checkpoint is explicitly the one to resume.
+    code, err = launch(capsys, **tiny_run(tmp_path, steps=3, resume={"resume_from_path": str(path)}))
+    assert code == 1, err
+    assert one_error(err).startswith(f"{path}{expected}")
+    if ";" in expected:
+        assert one_error(err).endswith("the file was altered or not written by tokenizer-posttrain")
+    assert torch.load(path, weights_only=True)["global_step"] == 2  # nothing trained, nothing written over it

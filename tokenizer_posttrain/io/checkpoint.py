@@ -7,9 +7,13 @@ what a ``strict=False`` load does silently).
 
 from __future__ import annotations
 
+import math
+import os
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import Tensor
@@ -102,18 +106,260 @@ def _check_fields(ckpt: dict[str, Any], path: Path) -> None:
     for section in _SECTIONS:
         check(f"hyper_parameters.{section}", hp.get(section), dict)
     check("hyper_parameters.model.lora", (hp.get("model") or {}).get("lora"), dict)
+    _check_structure(ckpt, path)
 
 
-def read_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
+_COUNTERS = frozenset(("ready", "started", "processed", "completed"))
+"""The counters of a Lightning loop's progress tracker. Its ``load_state_dict`` sets every key it is given as an
+attribute, so any other key, or a counter that is not a count, would break the loop later."""
+_ADAMW_NUMBERS = ("lr", "eps", "weight_decay")
+"""The hyperparameters AdamW reads from each parameter group (``betas`` too): it adds its missing switches itself,
+but not these."""
+_ADAMW_SWITCHES = ("amsgrad", "maximize", "capturable", "differentiable", "fused", "decoupled_weight_decay")
+_SCHEDULER_FIELDS: dict[str, str] = {
+    "base_lrs": "numbers",
+    "_last_lr": "numbers",
+    "last_epoch": "int",
+    "_step_count": "count",
+    "_get_lr_called_within_step": "switch",
+    "_is_initial": "switch",
+    "verbose": "switch",  # written by torch releases before 2.7
+    "lr_lambdas": "nones",
+}
+"""What each key of a LambdaLR state holds. Its ``load_state_dict`` sets every key as an attribute of the scheduler
+(another key could replace its optimizer or a method), and merges each ``lr_lambdas`` item that is not None into
+a function's attributes; our schedules are plain functions, stored as None."""
+MIN_LIGHTNING = "2.0.0"
+"""Lightning rewrites the loops of a checkpoint written before this release on resume, expecting structures that
+tokenizer-posttrain (which needs Lightning 2) never wrote."""
+_RESUME_NEEDS = ("pytorch-lightning_version", "optimizer_states", "lr_schedulers")
+"""The entries Lightning's resume reads without checking they are there."""
+
+
+def _entry(key: str, name: object) -> str:
+    """The path of item ``name`` of the entry ``key``, as messages name it (``loops.fit_loop['epoch_loop.x']``)."""
+    return f"{key}.{name}" if isinstance(name, str) and name.isidentifier() else f"{key}[{name!r}]"
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, Tensor):
+        return value.numel() == 1 and bool(torch.isfinite(value).all())
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "dict": (lambda v: isinstance(v, dict), "dict"),
+    "list": (lambda v: isinstance(v, (list, tuple)), "list"),
+    "str": (lambda v: isinstance(v, str), "str"),
+    "switch": (lambda v: isinstance(v, bool), "bool"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "int"),
+    "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "int >= 0"),
+    "number": (_is_number, "finite number"),
+    "tensor": (lambda v: isinstance(v, Tensor), "Tensor"),
+    "none": (lambda v: v is None, "None"),
+}
+"""Each kind of value the resumed states hold: the test, and its name in messages."""
+
+
+class _Structure:
+    """The checks of the nested states Lightning's resume loads (loops, optimizers, LR schedulers), whose
+    ``load_state_dict`` methods fail with a traceback, or later in training, on values of the wrong type; the
+    first problem is a one-line :class:`CheckpointError` naming the entry's path in the file ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def refuse(self, key: str, problem: str) -> NoReturn:
+        raise CheckpointError(
+            f"{self.path}: entry {key} {problem}; the file was altered or not written by tokenizer-posttrain"
+        )
+
+    def kind(self, key: str, value: Any, kind: str) -> None:
+        accepts, name = _KINDS[kind]
+        if not accepts(value):
+            shown = repr(value) if isinstance(value, (bool, int, float)) else f"of type {type(value).__name__}"
+            self.refuse(key, f"is {shown}, expected {name}")
+
+    def item(self, key: str, state: dict, name: str, kind: str) -> Any:
+        """``state[name]`` (``state`` is the entry ``key``), which must be there and of ``kind``."""
+        if name not in state:
+            self.refuse(key, f"has no {name!r}")
+        self.kind(_entry(key, name), state[name], kind)
+        return state[name]
+
+    def version(self, value: Any) -> None:
+        from packaging.version import InvalidVersion, Version
+
+        key = "'pytorch-lightning_version'"
+        self.kind(key, value, "str")
+        try:
+            older = Version(value) < Version(MIN_LIGHTNING)
+        except InvalidVersion:
+            self.refuse(key, f"is {value[:40]!r}, not a version number")
+        if older:
+            self.refuse(key, f"is {value}: written by a Lightning older than {MIN_LIGHTNING}")
+
+    def loops(self, loops: dict) -> None:
+        if "fit_loop" not in loops:
+            self.refuse("loops", "has no 'fit_loop'")
+        for name, loop in loops.items():
+            key = _entry("loops", name)
+            self.kind(key, loop, "dict")
+            # Lightning looks up only its loops' progress attributes and state dicts: other keys are never read.
+            for entry, value in loop.items():
+                if not isinstance(entry, str):
+                    continue
+                where = _entry(key, entry)
+                if entry.endswith("state_dict"):
+                    self.loop_state(where, value)
+                elif entry.endswith("optim_progress"):
+                    self.kind(where, value, "dict")
+                    optimizer = self.item(where, value, "optimizer", "dict")
+                    for part in ("step", "zero_grad"):
+                        self.progress(
+                            _entry(f"{where}.optimizer", part), self.item(f"{where}.optimizer", optimizer, part, "dict")
+                        )
+                elif entry.endswith("progress"):
+                    # A resume loads the fit loop only; the prediction loop's batch progress has no is_last_batch.
+                    self.progress(where, value, batch=entry.endswith("batch_progress") and name == "fit_loop")
+
+    def loop_state(self, key: str, state: Any) -> None:
+        self.kind(key, state, "dict")
+        if "_batches_that_stepped" in state:
+            self.kind(_entry(key, "_batches_that_stepped"), state["_batches_that_stepped"], "count")
+        if "combined_loader" in state:
+            loaders = self.item(key, state, "combined_loader", "list")
+            if loaders:
+                # Lightning hands these to loaders that keep a state of their own; ours keep theirs elsewhere.
+                self.refuse(f"{key}.combined_loader", f"holds {len(loaders)} data loader state(s), expected none")
+
+    def progress(self, key: str, progress: Any, batch: bool = False) -> None:
+        self.kind(key, progress, "dict")
+        for part in ("total", "current"):
+            tracker = self.item(key, progress, part, "dict")
+            for counter, value in tracker.items():
+                if counter not in _COUNTERS:
+                    self.refuse(_entry(key, part), f"has an unknown key {counter!r}")
+                self.kind(_entry(_entry(key, part), counter), value, "count")
+        if batch or "is_last_batch" in progress:
+            self.item(key, progress, "is_last_batch", "switch")
+
+    def optimizer(self, key: str, state: Any) -> int:
+        """Check an AdamW state; the number of its parameter groups."""
+        self.kind(key, state, "dict")
+        groups = self.item(key, state, "param_groups", "list")
+        listed = set()
+        for i, group in enumerate(groups):
+            where = f"{key}.param_groups[{i}]"
+            self.kind(where, group, "dict")
+            for j, param in enumerate(self.item(where, group, "params", "list")):
+                self.kind(f"{where}.params[{j}]", param, "count")
+                listed.add(param)
+            for name in _ADAMW_NUMBERS:
+                self.item(where, group, name, "number")
+            betas = self.item(where, group, "betas", "list")
+            if len(betas) != 2:
+                self.refuse(f"{where}.betas", f"holds {len(betas)} values, expected 2")
+            for j, beta in enumerate(betas):
+                self.kind(f"{where}.betas[{j}]", beta, "number")
+            for name in _ADAMW_SWITCHES:
+                if name in group:
+                    self.kind(_entry(where, name), group[name], "switch")
+            if group.get("foreach") is not None:
+                self.kind(f"{where}.foreach", group["foreach"], "switch")
+            if "initial_lr" in group:
+                self.kind(f"{where}.initial_lr", group["initial_lr"], "number")
+        for param, moments in self.item(key, state, "state", "dict").items():
+            if param not in listed:
+                self.refuse(f"{key}.state", f"holds the state of parameter {param!r}, which no parameter group lists")
+            where = f"{key}.state[{param!r}]"
+            self.kind(where, moments, "dict")
+            for name, value in moments.items():
+                self.kind(_entry(where, name), value, "tensor")
+        return len(groups)
+
+    def scheduler(self, key: str, state: Any, optimizer: str | None, groups: int | None) -> None:
+        """Check a LambdaLR state; ``groups``: the parameter groups of its optimizer (the entry ``optimizer``)."""
+        self.kind(key, state, "dict")
+        self.item(key, state, "lr_lambdas", "list")
+        for name, value in state.items():
+            if name not in _SCHEDULER_FIELDS:
+                self.refuse(key, f"has an unknown key {name!r}")
+            kind, where = _SCHEDULER_FIELDS[name], _entry(key, name)
+            if kind in ("numbers", "nones"):
+                self.kind(where, value, "list")
+                for i, item in enumerate(value):
+                    self.kind(f"{where}[{i}]", item, "number" if kind == "numbers" else "none")
+            else:
+                self.kind(where, value, kind)
+        # One learning rate per parameter group: LambdaLR zips these lists with the groups and with each other.
+        sizes = {f"{key}.{name}": len(state[name]) for name in ("base_lrs", "_last_lr", "lr_lambdas") if name in state}
+        if optimizer is not None and groups is not None:
+            sizes[f"{optimizer}.param_groups"] = groups
+        if len(set(sizes.values())) > 1:
+            listed = ", ".join(f"{name} {size}" for name, size in sizes.items())
+            self.refuse(key, f"does not fit its optimizer: as many values are needed in each of {listed}")
+
+
+def _check_structure(ckpt: dict[str, Any], path: Path) -> None:
+    """The nested states a resume loads, checked as Lightning 2 and torch's AdamW and LambdaLR expect them."""
+    structure = _Structure(path)
+    if "pytorch-lightning_version" in ckpt:
+        structure.version(ckpt["pytorch-lightning_version"])
+    if ckpt.get("loops") is not None:
+        structure.loops(ckpt["loops"])
+    optimizers = ckpt.get("optimizer_states") or []
+    groups = [structure.optimizer(f"optimizer_states[{i}]", state) for i, state in enumerate(optimizers)]
+    for i, state in enumerate(ckpt.get("lr_schedulers") or []):
+        # Lightning pairs the schedulers with the optimizers in order: ours have one each.
+        optimizer = f"optimizer_states[{i}]" if i < len(groups) else None
+        structure.scheduler(f"lr_schedulers[{i}]", state, optimizer, groups[i] if optimizer else None)
+
+
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def special_file(path: str | Path) -> str | None:
+    """What is at ``path`` when it is not a regular file ("a FIFO", "a folder", "a link to a missing file", ...);
+    None for a regular file (or a link to one) and for nothing at all. A checkpoint is opened only when this is
+    None: opening a FIFO blocks until something writes into it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"a link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else None
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _SPECIAL_FILES if test(mode)), "a special file")
+
+
+def read_checkpoint(path: str | Path, mmap: bool = False, resume: bool = False) -> dict[str, Any]:
     """The entries of a Lightning training checkpoint, loaded weights-only (nothing in it is unpickled, see
     :func:`~tokenizer_posttrain.core.untrusted.load_torch_file`), with the type of each entry Lightning and
-    tokenizer-posttrain write checked, so a damaged or crafted file is refused in one line naming the entry.
-    ``mmap`` maps the file instead of reading it."""
+    tokenizer-posttrain write checked, and the loop, optimizer and LR scheduler states a resume loads checked as
+    Lightning and torch expect them, so a damaged or crafted file is refused in one line naming the entry. A FIFO,
+    folder or device is refused without being opened. ``mmap`` maps the file instead of reading it; ``resume``
+    also requires the entries Lightning's resume reads."""
     path = Path(path)
+    special = special_file(path)
+    if special is not None:
+        raise CheckpointError(f"{path} is {special}, not a checkpoint file; give the path of a .ckpt file")
     ckpt = load_torch_file(path, mmap=mmap)
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"{path} is not a Lightning checkpoint (it holds a {type(ckpt).__name__}, not a dict)")
     _check_fields(ckpt, path)
+    missing = [key for key in _RESUME_NEEDS if ckpt.get(key) is None] if resume else []
+    if missing:
+        raise CheckpointError(
+            f"{path} cannot be resumed: it has no {' and no '.join(missing)} entry (Lightning writes them in every "
+            "training checkpoint); resume a checkpoint that train_tokenizer.py wrote, or start a new run with "
+            "another log.name"
+        )
     return ckpt
 
 

@@ -39,6 +39,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 "trainer.checkpoint_keep lower) and run the same command again to resume"
             ) from None
 
+    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        """The checkpoint to resume from, always weights-only whatever Lightning asks (it asks for a full unpickle
+        of URLs, which runs code planted in the file), and refused in one line when damaged or crafted, or when
+        it lacks an entry Lightning's resume reads."""
+        return read_checkpoint(path, resume=True)
+
 
 def _tensor_bytes(value: Any) -> int:
     """The bytes of the tensors in a (nested) checkpoint: about the size of its file."""
@@ -50,10 +56,27 @@ def _tensor_bytes(value: Any) -> int:
         return sum(_tensor_bytes(v) for v in value)
     return 0
 
-    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
-        """The checkpoint to resume from, always weights-only whatever Lightning asks (it asks for a full unpickle
-        of URLs, which runs code planted in the file), and refused in one line when damaged or crafted."""
-        return read_checkpoint(path)
+
+class OptimizerStateCheck(pl.Callback):
+    """After a resume restored the optimizers: every moment of a parameter has the parameter's shape, and every
+    step count one value. The file alone cannot tell (it does not say which parameter each state belongs to), and
+    AdamW would otherwise stop at its first step with a traceback about tensor sizes."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.ckpt_path:
+            return
+        for i, optimizer in enumerate(trainer.optimizers):
+            params = [param for group in optimizer.param_groups for param in group["params"]]
+            # The file numbers the parameters in this order, and names their states by these numbers.
+            for number, param in enumerate(params):
+                for name, value in optimizer.state.get(param, {}).items():
+                    fits = value.numel() == 1 if name == "step" else value.shape == param.shape
+                    if not fits:
+                        raise CheckpointError(
+                            f"{trainer.ckpt_path}: entry optimizer_states[{i}].state[{number}].{name} has shape "
+                            f"{tuple(value.shape)}, its parameter {tuple(param.shape)}; the file was altered or "
+                            "not written by tokenizer-posttrain"
+                        )
 
 
 def checkpoint_callback(ckpt_dir: Path, every_n_steps: int, keep: int) -> ModelCheckpoint:

@@ -23,6 +23,7 @@ from .acceleration import ddp_strategy, resolve_compile, tensor_core_matmuls
 from .checkpointing import (
     AtomicCheckpointIO,
     FinalCheckpoint,
+    OptimizerStateCheck,
     PreemptionCheckpoint,
     RngState,
     checkpoint_callback,
@@ -397,6 +398,7 @@ def train(
             ThroughputMonitor(),
             StepProgressBar(),
             RngState(skip_pickled=resume.skip_pickled_states),
+            OptimizerStateCheck(),
             HostStopAgreement(),
             *extra_callbacks,
         ]
