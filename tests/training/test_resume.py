@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -293,3 +295,71 @@ def test_a_crafted_state_in_the_checkpoint_stops_the_relaunch_in_one_line(
     if ";" in expected:
         assert one_error(err).endswith("the file was altered or not written by tokenizer-posttrain")
     assert torch.load(path, weights_only=True)["global_step"] == 2  # nothing trained, nothing written over it
+
+
+@pytest.mark.parametrize(("make", "what"), [(os.mkfifo, "a FIFO"), (Path.mkdir, "a folder")])
+def test_a_special_file_as_last_ckpt_stops_the_launch(
+    tmp_path: Path, capsys: pytest.CaptureFixture, make: Callable[[Path], None], what: str
+) -> None:
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    make(ckpts / "last.ckpt")
+    code, err = launch(capsys, **tiny_run(tmp_path, steps=1))
+    assert code == 1, err
+    assert one_error(err) == (
+        f"{ckpts / 'last.ckpt'} is {what}, not a checkpoint file; move it out of {ckpts} and run the same command again"
+    )
+    assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt"]  # it did not train from step 0
+
+
+def test_a_fifo_is_never_opened_as_a_checkpoint(tmp_path: Path) -> None:
+    save_ckpt(tmp_path / "step=2.ckpt", 2)
+    fifo = tmp_path / "step=3.ckpt"
+    os.mkfifo(fifo)
+    outcome: list[BaseException | str | None] = []
+
+    def find() -> None:
+        try:
+            outcome.append(find_resume_checkpoint(tmp_path, ResumeConfig()))
+        except CheckpointError as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=find, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    if thread.is_alive():
+        # Blocked opening the FIFO for reading: a writer that comes and goes gives it the end of the file.
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join()
+        pytest.fail("the FIFO was opened: the launch blocked until something wrote into it")
+    (refused,) = outcome
+    assert isinstance(refused, CheckpointError)
+    assert str(refused) == (
+        f"{fifo} is a FIFO, not a checkpoint file; move it out of {tmp_path} and run the same command again"
+    )
+    with pytest.raises(CheckpointError, match=r"step=3\.ckpt is a FIFO, not a checkpoint file"):
+        find_resume_checkpoint(tmp_path / "elsewhere", ResumeConfig(resume_from_path=str(fifo)))
+
+
+class _System:
+    """A checkpoint entry that unpickling would turn into a call of ``os.system`` (it never is)."""
+
+    def __reduce__(self) -> tuple:
+        return (os.system, ("true",))
+
+
+def test_when_no_checkpoint_can_be_read_the_error_says_why_for_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    ckpts = tmp_path / "run" / "checkpoints"
+    save_ckpt(ckpts / "step=1.ckpt", 1)
+    (ckpts / "step=2.ckpt").write_bytes(b"not a checkpoint at all")
+    truncate(ckpts / "step=1.ckpt")
+    torch.save({"state_dict": {}, "global_step": 3, "planted": _System()}, ckpts / "last.ckpt")
+    code, err = launch(capsys, **tiny_run(tmp_path, steps=4))
+    assert code == 1, err
+    assert one_error(err) == (
+        f"no checkpoint in {ckpts} can be read (last.ckpt: holds a pickled Python object (posix.system); "
+        "step=2.ckpt: not a torch checkpoint; step=1.ckpt: truncated or damaged); move them away to start over, "
+        "or start a new run with another log.name"
+    )

@@ -4,13 +4,14 @@ that is being launched."""
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import CheckpointError, UserError
-from ..io.checkpoint import read_checkpoint
+from ..io.checkpoint import read_checkpoint, special_file
 from ..network.registry import resolve_name
 from .config import DataConfig, LossConfig, ModelConfig, ResumeConfig
 
@@ -26,7 +27,7 @@ def read_checkpoint_header(path: str | Path) -> dict[str, Any]:
     file when it is truncated, not a training checkpoint, or holds anything but plain data."""
     ckpt = read_checkpoint(path, mmap=True)
     if "state_dict" not in ckpt:
-        raise CheckpointError(f"{path} is not a training checkpoint of this app (no state_dict)")
+        raise CheckpointError(f"{path}: not a training checkpoint of this app (no state_dict)")
     return ckpt
 
 
@@ -50,45 +51,94 @@ def remove_partial_saves(ckpt_dir: Path) -> list[Path]:
 
 
 def _candidates(ckpt_dir: Path) -> list[Path]:
-    """``last.ckpt`` and ``step=N.ckpt``, newest first by file name (``last.ckpt`` first); their real steps are
-    read when they are opened."""
+    """``last.ckpt`` and ``step=N.ckpt``, newest first by file name (``last.ckpt`` first), whatever they are (a
+    FIFO too: :func:`_refuse_special_files`); their real steps are read when they are opened."""
     steps = sorted(
         (p for p in ckpt_dir.glob("step=*.ckpt") if p.stem.split("=", 1)[1].isdigit()),
         key=lambda p: int(p.stem.split("=", 1)[1]),
         reverse=True,
     )
     last = ckpt_dir / LAST_CKPT
-    return ([last] if last.is_file() else []) + steps
+    return ([last] if last.is_symlink() or last.exists() else []) + steps
+
+
+def _refuse_special_files(candidates: list[Path]) -> None:
+    """A FIFO, folder, device or broken link under a checkpoint's name stops the launch: skipped, the run would
+    start again from step 0 without a word, and a FIFO opened would block the launch for ever."""
+    for path in candidates:
+        special = special_file(path)
+        if special is not None:
+            raise CheckpointError(
+                f"{path} is {special}, not a checkpoint file; move it out of {path.parent} and run the same "
+                "command again"
+            )
+
+
+def _why_unreadable(path: Path, err: CheckpointError) -> str:
+    """The reason ``err`` gives why ``path`` cannot be resumed, in a few words: "holds a pickled Python object
+    (posix.system)", "truncated or damaged", "not a torch checkpoint", "entry loops is of type bytes, ..."."""
+    text = str(err)
+    if "a pickled Python object" in text:
+        # torch names the object's global only in its own error, which the one-line error leaves out of its text.
+        named = re.search(r"GLOBAL ([\w.]+)", f"{text} {err.__context__}")
+        return "holds a pickled Python object" + (f" ({named.group(1)})" if named else "")
+    if text.startswith(f"cannot read {path}"):
+        try:
+            with open(path, "rb") as f:  # a regular file: special files are never opened
+                start = f.read(4)
+        except OSError:
+            return "cannot be read"
+        if not start:
+            return "empty"
+        # torch.save writes a zip archive: one that cannot be read was cut short or damaged.
+        return "truncated or damaged" if start == b"PK\x03\x04" else "not a torch checkpoint"
+    return text.removeprefix(f"{path}: ").replace(str(path), path.name).split(";")[0]
+
+
+def _scan(candidates: list[Path]) -> tuple[list[tuple[int, str]], list[str]]:
+    """``(step, path)`` of each of ``candidates`` that can be read, newest first (``last.ckpt`` before a
+    ``step=N.ckpt`` of the same step), and ``NAME: why`` for each that cannot, also named in a warning; a special
+    file is never opened."""
+    found, unreadable = [], []
+    for path in candidates:
+        special = special_file(path)
+        if special is not None:
+            warnings.warn(f"skipping {path}: it is {special}, not a checkpoint file", stacklevel=3)
+            unreadable.append(f"{path.name}: is {special}")
+            continue
+        try:
+            found.append((checkpoint_step(path), int(path.name == LAST_CKPT), str(path)))
+        except CheckpointError as err:
+            warnings.warn(f"skipping an unreadable checkpoint: {err}", stacklevel=3)
+            unreadable.append(f"{path.name}: {_why_unreadable(path, err)}")
+    return [(step, path) for step, _, path in sorted(found, reverse=True)], unreadable
 
 
 def readable_checkpoints(ckpt_dir: Path) -> list[tuple[int, str]]:
     """``(step, path)`` of every checkpoint of ``ckpt_dir`` that can be read, newest first (``last.ckpt`` before a
     ``step=N.ckpt`` of the same step); one that cannot (truncated, not a checkpoint) is named in a warning."""
-    found = []
-    for path in _candidates(ckpt_dir) if ckpt_dir.is_dir() else []:
-        try:
-            found.append((checkpoint_step(path), int(path.name == LAST_CKPT), str(path)))
-        except CheckpointError as err:
-            warnings.warn(f"skipping an unreadable checkpoint: {err}", stacklevel=2)
-    return [(step, path) for step, _, path in sorted(found, reverse=True)]
+    return _scan(_candidates(ckpt_dir) if ckpt_dir.is_dir() else [])[0]
 
 
 def find_resume_checkpoint(ckpt_dir: Path, resume: ResumeConfig) -> str | None:
     """The explicit ``resume.resume_from_path``, else the newest readable of ``last.ckpt`` and ``step=N.ckpt``
     (a kill between writing ``step=N.ckpt`` and ``last.ckpt`` must not lose that step). A checkpoint that cannot
-    be read (truncated, not a checkpoint) is named in a warning and the next newest is taken."""
+    be read (truncated, not a checkpoint) is named in a warning and the next newest is taken; when none can, the
+    error says why for each. A FIFO, folder or device under one of those names stops the launch unopened."""
     if resume.resume_from_path:
         path = Path(resume.resume_from_path)
-        if not path.is_file():
+        if special_file(path) is None and not path.is_file():
             raise FileNotFoundError(f"resume.resume_from_path={path} does not exist")
         read_checkpoint_header(path)
         return str(path)
     if not resume.resume_if_exists or not ckpt_dir.is_dir():
         return None
-    found = readable_checkpoints(ckpt_dir)
-    if not found and _candidates(ckpt_dir):
+    candidates = _candidates(ckpt_dir)
+    _refuse_special_files(candidates)
+    found, unreadable = _scan(candidates)
+    if not found and unreadable:
         raise CheckpointError(
-            f"no checkpoint in {ckpt_dir} can be read (see the warnings above); move them away to start over, "
+            f"no checkpoint in {ckpt_dir} can be read ({'; '.join(unreadable)}); move them away to start over, "
             "or start a new run with another log.name"
         )
     return found[0][1] if found else None
