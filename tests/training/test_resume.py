@@ -363,3 +363,54 @@ def test_when_no_checkpoint_can_be_read_the_error_says_why_for_each(
         "step=2.ckpt: not a torch checkpoint; step=1.ckpt: truncated or damaged); move them away to start over, "
         "or start a new run with another log.name"
     )
+
+
+def energon_run(root: Path, steps: int, **data: object) -> dict[str, object]:
+    """The configs of a tiny run on the energon dataset at ``root/data`` (``data`` overrides its data fields)."""
+    fields = {"path": str(root / "data"), "num_workers": 0, "preflight_samples": 0, **data}
+    return tiny_run(root, steps=steps, model={"model": "CV8x8x8", "jit_ckpt_pth": None, "channels": 16}, data=fields)
+
+
+@pytest.fixture(scope="module")
+def energon_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The last.ckpt of a 1-step run on a small energon dataset: 0 workers, micro-batches of 1."""
+    from tests.videos import encode_video, write_energon_dataset
+
+    root = tmp_path_factory.mktemp("energon")
+    write_energon_dataset(root / "data", {f"v{i}": encode_video(20, 48, 64, seed=i) for i in range(4)})
+    return train(**energon_run(root, steps=1)) / "checkpoints" / "last.ckpt"
+
+
+def test_a_resume_with_another_loader_layout_is_refused_or_restarts_the_stream(
+    energon_checkpoint: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tokenizer_posttrain.training.resume import check_same_stream
+
+    root = energon_checkpoint.parents[2]
+    fix = (
+        "and energon can continue a stream only in the loader that saved it; resume with the old values, start a new "
+        "run with another log.name=..., or resume with resume.allow_changes=true (the data stream then starts afresh)"
+    )
+    for data, change in (
+        ({"micro_batch_size": 2, "global_batch_size": 2}, "data.micro_batch_size: 1 -> 2"),
+        ({"num_workers": 1}, "data.num_workers: 0 -> 1"),
+    ):
+        code, err = launch(capsys, **energon_run(root, steps=2, **data))
+        assert code == 1, err
+        assert (
+            one_error(err)
+            == f"{energon_checkpoint} holds the position of its data stream for another loader ({change}), {fix}"
+        )
+    # The number of training processes counts too (one saved position each).
+    with pytest.raises(
+        SettingsChanged, match=r"\(training processes \(trainer\.devices x trainer\.num_nodes\): 1 -> 2\)"
+    ):
+        check_same_stream(str(energon_checkpoint), energon_run(root, steps=2)["data"], 2, allow_changes=False)
+    assert checkpoint_step(energon_checkpoint) == 1
+
+    # Asked for, the run goes on with a fresh data stream, and says so.
+    changed = energon_run(root, steps=2, micro_batch_size=2, global_batch_size=2)
+    changed["resume"] = ResumeConfig(allow_changes=True)
+    with pytest.warns(UserWarning, match=r"data stream starts afresh: .*\(data\.micro_batch_size: 1 -> 2\)"):
+        train(**changed)
+    assert checkpoint_step(energon_checkpoint) == 2

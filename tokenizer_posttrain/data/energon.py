@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import lightning.pytorch as pl
 from megatron.energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_dataset
+from megatron.energon.savable_loader import SavableDataLoaderState
+from megatron.energon.state import FlexState
 
 from ..core.errors import CheckpointError, UserError
 from ..core.untrusted import skip_pickled_state
@@ -15,6 +18,29 @@ from .layout import dataset_splits
 from .task_encoder import ClipSpec, VideoClipTaskEncoder
 
 _STATE_KEY = "energon_loader_state"
+
+
+def saved_loader_layout(entry: Any, where: str) -> tuple[int, int] | None:
+    """``(training processes, data.num_workers)`` of the loader whose position a checkpoint's
+    :class:`EnergonVideoDataModule` entry holds (``where``: the file, for messages): energon continues a stream
+    only with as many of each (one saved position per process, each worker reads its own share of the shards),
+    and asserts otherwise. None when the entry holds no position, or the pickled one of an earlier release (never
+    unpickled)."""
+    value = entry.get(_STATE_KEY) if isinstance(entry, dict) else None
+    if value is None or isinstance(value, bytes):
+        return None
+    state = from_plain(value, _STATE_KEY)
+    ranks = [rank for rank in state if rank is not None] if isinstance(state, list) else [None]
+    if not all(isinstance(rank, SavableDataLoaderState) and isinstance(rank.worker_states, list) for rank in ranks):
+        raise CheckpointError(
+            f"{where}: entry {_STATE_KEY} is not a loader position as energon saves it (a list of one "
+            "SavableDataLoaderState per process); the file was altered or not written by tokenizer-posttrain"
+        )
+    if not ranks:
+        return None
+    # Without workers the loader keeps one plain state, with N workers one checkpoint per worker.
+    plain = any(isinstance(s, FlexState) for s in ranks[0].worker_states)
+    return len(state), 0 if plain else len(ranks[0].worker_states)
 
 
 class _Stream:
@@ -63,7 +89,9 @@ class EnergonVideoDataModule(pl.LightningDataModule):
     rank 0) and restored on resume, so a resumed run neither repeats nor skips samples. It is stored as
     plain data (:mod:`.energon_state`); the pickled state of checkpoints from earlier releases is never
     unpickled (that can run code planted in a file): with ``skip_pickled_states``
-    (``resume.skip_pickled_states=true``) the stream starts afresh instead.
+    (``resume.skip_pickled_states=true``) the stream starts afresh instead. ``restart_stream``: why the saved
+    position is dropped (``resume.allow_changes=true`` with another loader layout), said in a warning; the stream
+    then starts afresh too.
     """
 
     def __init__(
@@ -77,6 +105,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         max_samples_per_sequence: int = 100,
         seed: int = 0,
         skip_pickled_states: bool = False,
+        restart_stream: str | None = None,
     ) -> None:
         super().__init__()
         if micro_batch_size % spec.crops_per_decode:
@@ -92,6 +121,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         self.max_samples_per_sequence = max_samples_per_sequence
         self.seed = seed
         self.skip_pickled_states = skip_pickled_states
+        self.restart_stream = restart_stream
         self._train_loader: Any = None
         self._restore_state: Any = None
 
@@ -117,6 +147,9 @@ class EnergonVideoDataModule(pl.LightningDataModule):
                 task_encoder=VideoClipTaskEncoder(self.spec),
             )
             self._train_loader = get_savable_loader(dataset, prefetch_factor=self.prefetch)
+            if self._restore_state is not None and self.restart_stream:
+                warnings.warn(f"the data stream starts afresh: {self.restart_stream}", stacklevel=2)
+                self._restore_state = None
             if self._restore_state is not None:
                 self._train_loader.restore_state_global(self._restore_state)
                 self._restore_state = None

@@ -197,6 +197,40 @@ def settings_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return [f"{key}: {saved[key]!r} -> {now[key]!r}" for key in now if key in saved and saved[key] != now[key]]
 
 
+def check_same_stream(ckpt_path: str, data: DataConfig, world_size: int, allow_changes: bool) -> str | None:
+    """Refuse to resume ``ckpt_path`` when its energon loader position was saved with another
+    ``data.micro_batch_size``, ``data.num_workers`` or number of training processes (``world_size`` now): energon
+    continues a stream only in the loader layout that saved it. With ``allow_changes`` (``resume.allow_changes``)
+    the launch goes on: the reason the data module must start the stream afresh, or None when it can continue it.
+    Synthetic clips (no ``data.path``) keep no position."""
+    if data.path is None:
+        return None
+    from ..data.energon import EnergonVideoDataModule, saved_loader_layout
+
+    header = read_checkpoint_header(ckpt_path)
+    layout = saved_loader_layout(header.get(EnergonVideoDataModule.__qualname__), ckpt_path)
+    if layout is None:
+        return None
+    (processes, workers), changes = layout, []
+    if processes != world_size:
+        changes.append(f"training processes (trainer.devices x trainer.num_nodes): {processes} -> {world_size}")
+    if workers != data.num_workers:
+        changes.append(f"data.num_workers: {workers} -> {data.num_workers}")
+    # Energon does not record the micro-batch of batches grouped by size (aspect buckets): the run's settings do.
+    batch = ((header.get("hyper_parameters") or {}).get("data") or {}).get("micro_batch_size")
+    if batch is not None and batch != data.micro_batch_size:
+        changes.append(f"data.micro_batch_size: {batch} -> {data.micro_batch_size}")
+    if not changes:
+        return None
+    if allow_changes:
+        return f"its position in {ckpt_path} belongs to another loader ({'; '.join(changes)})"
+    raise SettingsChanged(
+        f"{ckpt_path} holds the position of its data stream for another loader ({'; '.join(changes)}), and energon "
+        "can continue a stream only in the loader that saved it; resume with the old values, start a new run with "
+        "another log.name=..., or resume with resume.allow_changes=true (the data stream then starts afresh)"
+    )
+
+
 def check_same_run(ckpt_path: str, now: dict[str, Any]) -> None:
     """Refuse to resume ``ckpt_path`` when it was written with other defining settings."""
     header = read_checkpoint_header(ckpt_path)

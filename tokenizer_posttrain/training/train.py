@@ -43,6 +43,7 @@ from .monitoring import (
 from .resume import (
     LAST_CKPT,
     check_same_run,
+    check_same_stream,
     checkpoint_step,
     current_settings,
     find_resume_checkpoint,
@@ -150,10 +151,15 @@ def check_loss_clips(model: ModelConfig, data: DataConfig, loss: LossConfig) -> 
 
 
 def build_datamodule(
-    data: DataConfig, model: ModelConfig, seed: int, skip_pickled_states: bool = False
+    data: DataConfig,
+    model: ModelConfig,
+    seed: int,
+    skip_pickled_states: bool = False,
+    restart_stream: str | None = None,
 ) -> pl.LightningDataModule:
     """Synthetic clips when ``data.path`` is None, else the energon video dataset at that path
-    (``skip_pickled_states``: ``resume.skip_pickled_states``, for its loader position in old checkpoints)."""
+    (``skip_pickled_states``: ``resume.skip_pickled_states``, for its loader position in old checkpoints;
+    ``restart_stream``: why its saved position is dropped, see :func:`~.resume.check_same_stream`)."""
     if data.crops_per_decode > 1 and data.path is None:
         warnings.warn("data.crops_per_decode has no effect on synthetic clips (no data.path)", stacklevel=2)
     elif data.crops_per_decode > 1 and data.aspect_buckets and data.resize_short_side is None:
@@ -200,6 +206,7 @@ def build_datamodule(
         max_samples_per_sequence=data.max_samples_per_sequence,
         seed=seed,
         skip_pickled_states=skip_pickled_states,
+        restart_stream=restart_stream,
     )
 
 
@@ -338,6 +345,11 @@ def train(
                 problems.check(lambda: check_clip_shape(model, data))
                 problems.check(lambda: check_loss_clips(model, data, loss))
                 par = problems.check(lambda: resolve_parallelism(trainer, data))
+                restart_stream = None
+                if ckpt_path and par is not None:
+                    restart_stream = problems.check(
+                        lambda: check_same_stream(ckpt_path, data, par.world_size, resume.allow_changes)
+                    )
                 model = resolve_compile(model, par.accelerator if par else "cpu")
                 checked = problems.check(
                     lambda: check_data(
@@ -380,7 +392,7 @@ def train(
         problems.raise_any(held)
         assert par is not None and module is not None
         module.hparams["data"] = asdict(data)  # for the model card of the export and the check on resume
-        datamodule = build_datamodule(checked or data, model, trainer.seed, resume.skip_pickled_states)
+        datamodule = build_datamodule(checked or data, model, trainer.seed, resume.skip_pickled_states, restart_stream)
         limit_val_batches = trainer.limit_val_batches
         if data.path is not None and not datamodule.has_validation:
             warnings.warn(f"{data.path} has no val split: validation is off", stacklevel=2)
