@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
-from tokenizer_posttrain.training.config import DataConfig, LoRAConfig, ModelConfig, OptimConfig, TrainerConfig
+from tokenizer_posttrain.training.config import (
+    DataConfig,
+    LogConfig,
+    LoRAConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainerConfig,
+)
 
 
 def test_speed_switches_are_validated() -> None:
@@ -78,3 +86,21 @@ def test_clip_start_settings_are_checked_with_their_key(make, key: str) -> None:
     with pytest.raises(ValueError, match=f"invalid {re.escape(key)}="):
         make()
     assert DataConfig(start="keyframe", keyframe_window=0).start == "keyframe"
+
+
+@pytest.mark.parametrize("name", ["../../elsewhere", "runs/../../elsewhere", "/tmp/elsewhere", "", "."])
+def test_a_run_name_that_leaves_the_log_dir_is_refused_before_any_folder_is_made(tmp_path: Path, name: str) -> None:
+    from tests.conftest import run_cli_here
+
+    logs = tmp_path / "a" / "b" / "logs"
+    result = run_cli_here("--factory", "tiny", f"log.log_dir={logs}", f"log.name={name!r}", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: invalid log.name={name!r}: the run folder is <log.log_dir>/<log.name>, so the name must stay inside "
+        "log.log_dir: not empty, not absolute, no '..' (e.g. log.name=my_run, or a sub-folder such as "
+        "log.name=team/my_run)"
+    ]
+    assert list(tmp_path.iterdir()) == []
+    assert LogConfig(log_dir=str(logs), name="team/week1").name == "team/week1"  # a sub-folder stays inside

@@ -8,6 +8,7 @@ so a bad value fails before any work starts, with the key named.
 
 import math
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Optional
 
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
@@ -391,3 +392,15 @@ class LogConfig:
     """Run name: the run folder is <log_dir>/<name>."""
     export_on_end: bool = True
     """Export encoder.jit/decoder.jit/autoencoder.jit to <run>/export when training ends."""
+
+    def __post_init__(self) -> None:
+        # An absolute name replaces log_dir in <log_dir>/<name>, and '..' climbs out of it: the run (its
+        # checkpoints, and the cleanup of partial saves) would land in a folder nobody asked for.
+        parts = PurePath(self.name).parts if isinstance(self.name, str) else ()
+        _require(
+            bool(parts) and not PurePath(self.name).is_absolute() and ".." not in parts,
+            "log.name",
+            self.name,
+            "the run folder is <log.log_dir>/<log.name>, so the name must stay inside log.log_dir: not empty, not "
+            "absolute, no '..' (e.g. log.name=my_run, or a sub-folder such as log.name=team/my_run)",
+        )
