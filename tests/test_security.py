@@ -16,10 +16,8 @@ from tests.conftest import ROOT
 
 SCANNED = ("tokenizer_posttrain", "data_tools", "recipes", "benchmarks", "train_tokenizer.py")
 
-ALLOWED: set[tuple[str, str]] = {("tokenizer_posttrain/io/jit_archive.py", "import pickle")}
-"""(file, what) pairs the scan lets through: only the import behind the restricted unpickler of TorchScript archives,
-whose ``find_class`` hands out inert stand-ins and refuses every other global (``tests/io/test_jit_archive.py``
-attacks it); any call that unpickles is reported there too."""
+ALLOWED: set[tuple[str, str]] = set()
+"""(file, what) pairs the scan lets through: none (even ``.jit`` archives are read without an unpickler)."""
 
 UNPICKLING_MODULES = frozenset(
     ("pickle", "_pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve", "jsonpickle")
@@ -168,12 +166,9 @@ def test_the_scan_sees_each_way_of_running_code_and_only_those(source: str, foun
     assert unsafe_calls(source, "x.py") == found
 
 
-def test_only_the_import_of_the_archive_unpickler_is_let_through() -> None:
+def test_nothing_is_exempt_from_the_scan() -> None:
     source = "import pickle\ndef f(data):\n    return pickle.loads(data)\n"
     assert unsafe_calls(source, "tokenizer_posttrain/io/jit_archive.py") == [
-        "tokenizer_posttrain/io/jit_archive.py:3: pickle.loads()"
-    ]
-    assert unsafe_calls(source, "tokenizer_posttrain/core/untrusted.py") == [
-        "tokenizer_posttrain/core/untrusted.py:1: import pickle",
-        "tokenizer_posttrain/core/untrusted.py:3: pickle.loads()",
+        "tokenizer_posttrain/io/jit_archive.py:1: import pickle",
+        "tokenizer_posttrain/io/jit_archive.py:3: pickle.loads()",
     ]

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 import threading
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -221,7 +223,7 @@ def test_a_tensor_reaching_past_its_record_is_refused(planted: tuple[Path, Path]
     size_then_stride = b"K\x02t(K\x01t"  # the weight: sizes (2,), strides (1,), over a storage of 2 floats
     assert data.count(size_then_stride) == 1
     grown = _with_data_pkl(archive, tmp_path / "grown.jit", data.replace(size_then_stride, b"K\x09t(K\x01t"))
-    with pytest.raises(CheckpointError, match=r"a tensor of size \[9\] that reaches past its storage record 0"):
+    with pytest.raises(CheckpointError, match=re.escape("a tensor of size [9] that reaches past its storage record 0")):
         read_jit_state(grown)
 
 
@@ -273,13 +275,156 @@ def _zip_without_data_pkl(path: Path) -> None:
         archive.writestr("model/readme.txt", "hello")
 
 
-def test_the_unpickler_builds_nothing_but_its_stand_ins() -> None:
-    from tokenizer_posttrain.io.jit_archive import _ArchiveUnpickler, _Refused
+_CODE = b'class M(Module):\n  __parameters__ = ["w", ]\n  __buffers__ = []\n  w : Tensor\n  training : bool\n'
+_DAG = b")q\x00" + b"h\x00h\x00\x86q\x00" * 80  # t = (t, t) eighty times over, through the memo: 2**80 leaves
+_TENSOR = (  # M().w = a tensor over the 2 floats of record 0, with the sizes and strides put in its place
+    b"\x80\x02c__torch__\nM\n)\x81}X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n"
+    b"((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x02tQK\x00"
+    b"%s\x89ccollections\nOrderedDict\n)RtRsX\x08\x00\x00\x00training\x89sb."
+)
 
-    for name in ("os system", "builtins eval", "torch load", "torch.jit load", "collections defaultdict"):
-        stream = b"\x80\x02c" + name.replace(" ", "\n").encode() + b"\n)R."
-        with pytest.raises(_Refused, match="not a tensor or a TorchScript class"):
-            _ArchiveUnpickler(stream).load()
+
+def _archive(path: Path, pickled: bytes, code: bytes = _CODE, compress: int = zipfile.ZIP_STORED) -> Path:
+    """A hand-made archive: ``data.pkl`` as given, one class file, record 0 with two floats, the version and
+    no constants."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(zipfile.ZipInfo("m/data.pkl"), pickled, compress_type=compress)
+        archive.writestr("m/code/__torch__.py", code)
+        archive.writestr("m/data/0", b"\0" * 8)
+        archive.writestr("m/version", b"3\n")
+        archive.writestr("m/constants.pkl", b"\x80\x02).")
+    return path
+
+
+def test_the_hand_made_archive_reads_as_torch_jit_load_reads_it(tmp_path: Path) -> None:
+    # The baseline of the attacks below: with sizes (2,) and strides (1,) it is a valid archive.
+    path = _archive(tmp_path / "m.jit", _TENSOR % b"(K\x02t(K\x01t")
+    assert_same_state(read_jit_state(path), jit_load_state(path))
+
+
+@pytest.mark.parametrize(
+    ("pickled", "match"),
+    [
+        # Before: torch.jit.load ran each of these, and the first restricted unpickler crashed, hung or grew:
+        (b"\x80\x02}" + b")" + b"\x85" * 100_000 + b"Ns.", "a dict key of type tuple"),  # C stack overflow
+        (b"\x80\x02}(" + _DAG + b"Nu.", "a dict key of type tuple"),  # a hash of 2**80 steps
+        (b"\x80\x02" + _DAG + b"Q.", "a persistent reference that is not a tensor storage"),  # a repr of 2**80
+        (b"\x80\x02Nr\x00\x00\x00\x10.", "a NoneType at the top"),  # a memo index of 2**28: 4 GiB
+        (b"\x80\x02\x8e" + (2**63 + 5).to_bytes(8, "little") + b".", "cannot read"),  # a 2**63-byte string
+        (b"\x80\x02cposix\nsystem\nX\x02\x00\x00\x00id\x85R.", "a reference to posix.system"),
+        (b"\x80\x02cbuiltins\neval\n.", "a reference to builtins.eval"),
+        (b"\x80\x02ctorch\nload\n.", "a reference to torch.load"),
+        (b"\x80\x04\x8c\x09__torch__\x8c\x03a\nb\x93)\x81}b.", "a reference to __torch__.a b, which"),
+        (b"\x80\x02c__torch__\nM\n)X\x01\x00\x00\x00a\x85\x81.", "an object built with arguments"),
+        (b"\x80\x02c__torch__\nM\n)\x81)b.", "whose state is not a dict of attributes"),
+        (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\nN}b.", "a malformed pickle stream"),  # BUILD on torch's
+        (b"\x80\x02ctorch\nFloatStorage\n)R.", "a call of a dtype"),
+        (b"\x80\x02ctorch\nQInt8Storage\n.", "quantized or sparse tensors (torch.QInt8Storage)"),
+        (b"\x80\x02ctorch._utils\n_rebuild_qtensor\n.", "quantized or sparse tensors (torch._utils._rebuild_qtensor)"),
+        (b"\x80\x02N0.", "the pickle opcode POP"),
+        (_TENSOR % b"(K\x09t(K\x01t", "a tensor of size [9] that reaches past its storage record 0"),
+        (_TENSOR % b"(\x8a\x06\x00\x00\x00\x00\x00\x01\x8a\x06\x00\x00\x00\x00\x00\x01t(K\x00K\x00t", "elements"),
+        (_TENSOR % b"(K\x02t(K\x01K\x01t", "sizes and strides are not lists of counts"),
+        (_TENSOR % b"(J\xff\xff\xff\xfft(K\x01t", "sizes and strides are not lists of counts"),
+    ],
+    ids=lambda value: None if isinstance(value, bytes) else value.split(" (")[0][:40],
+)
+def test_crafted_pickle_streams_are_refused_at_once_in_one_line(tmp_path: Path, pickled: bytes, match: str) -> None:
+    path = _archive(tmp_path / "crafted.jit", pickled)
+    error = _error_within(20, read_jit_state, path)
+    assert isinstance(error, CheckpointError), error
+    assert match in str(error) and "\n" not in str(error) and str(path) in str(error)
+
+
+def test_a_file_cannot_change_the_readers_own_functions(tmp_path: Path) -> None:
+    from tokenizer_posttrain.io import jit_archive
+
+    before = jit_archive._rebuild_tensor.__defaults__
+    # BUILD with a slot state on the function the archive names: pickle would set its attributes.
+    pickled = b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\nN}X\x0c\x00\x00\x00__defaults__)s\x86b."
+    assert isinstance(_error_within(20, read_jit_state, _archive(tmp_path / "m.jit", pickled)), CheckpointError)
+    assert jit_archive._rebuild_tensor.__defaults__ == before
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda p: _archive(p, _TENSOR % b"(K\x02t(K\x01t", compress=zipfile.ZIP_DEFLATED), "a compressed record"),
+        (lambda p: _archive(p, b"\x80\x02}" + b"}" * 1000 + b".", compress=zipfile.ZIP_DEFLATED), "compressed"),
+        (lambda p: _overlapping(p), "records that overlap"),
+        (lambda p: _encrypted(p), "encrypted or compressed in an unusual way"),
+        (
+            lambda p: _archive(p, _TENSOR % b"(K\x02t(K\x01t", code=b"class M(Module):\n  __buffers__ = 1\n"),
+            "whose __buffers__ is not a list of names",
+        ),
+    ],
+    ids=["compressed-data-pkl", "inflating-data-pkl", "overlapping-records", "encrypted", "odd-declarations"],
+)
+def test_crafted_zips_are_refused(tmp_path: Path, make, match: str) -> None:  # noqa: ANN001
+    path = tmp_path / "crafted.jit"
+    make(path)
+    error = _error_within(20, read_jit_state, path)
+    assert isinstance(error, CheckpointError) and match in str(error), error
+
+
+def _overlapping(path: Path) -> None:
+    # Two names whose entries point at the same bytes: one stretch of the file read as many records.
+    _archive(path, _TENSOR % b"(K\x02t(K\x01t")
+    with zipfile.ZipFile(path) as archive:
+        infos = {i.filename: i for i in archive.infolist()}
+    data = bytearray(path.read_bytes())
+    record = data.rindex(b"m/data/0")  # the central directory's entry for record 0
+    offset_field = record - 4  # the local header offset is the last field before the name
+    data[offset_field : offset_field + 4] = infos["m/code/__torch__.py"].header_offset.to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+
+
+def _encrypted(path: Path) -> None:
+    _archive(path, _TENSOR % b"(K\x02t(K\x01t")
+    data = bytearray(path.read_bytes())
+    central = data.index(b"PK\x01\x02")  # the first central directory entry (data.pkl): its flag bits
+    data[central + 8] |= 0x1
+    path.write_bytes(bytes(data))
+
+
+class _OptionalBuffers(nn.Module):
+    """A buffer typed Optional[Tensor] (not in torch's state_dict even while it holds a tensor) beside complex
+    tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("maybe", torch.ones(2))
+        self.register_buffer("phase", torch.tensor([1 + 2j, 3 - 1j]))
+        self.weight = nn.Parameter(torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        maybe = self.maybe
+        return x + self.weight.sum() + self.phase.real.sum() + (maybe.sum() if maybe is not None else x.sum())
+
+
+# Set here, not as a class annotation: TorchScript cannot resolve the string that `from __future__ import annotations`
+# makes of one.
+_OptionalBuffers.__annotations__ = {"maybe": Optional[torch.Tensor]}
+
+
+def test_optional_buffers_and_complex_tensors_read_as_torch_jit_load_reads_them(tmp_path: Path) -> None:
+    torch.jit.script(_OptionalBuffers()).save(str(tmp_path / "optional.jit"))
+    theirs = jit_load_state(tmp_path / "optional.jit")
+    assert "maybe" not in theirs and "phase" in theirs
+    assert_same_state(read_jit_state(tmp_path / "optional.jit"), theirs)
+
+
+def test_a_code_file_of_many_classes_is_read_once(tmp_path: Path) -> None:
+    # Before: each class name parsed its whole code file again (1000 classes and a long comment: minutes).
+    classes = b"".join(b"class C%d(Module):\n  __parameters__ = []\n  __buffers__ = []\n" % i for i in range(2000))
+    code = _CODE + classes + b"#" * (1 << 20) + b"\n"
+    tree = (
+        b"\x80\x02c__torch__\nM\n)\x81}("
+        + b"".join(b"X\x04\x00\x00\x00c%03dc__torch__\nC%d\n)\x81}b" % (i, i) for i in range(1000))
+        + b"ub."
+    )
+    error = _error_within(20, read_jit_state, _archive(tmp_path / "many.jit", tree, code=code))
+    assert error is None
 
 
 @pytest.mark.parametrize("name", ["model.jit", "model.ckpt", "model.safetensors", "weights"])

@@ -4,13 +4,15 @@
 load, so a crafted file can write files, or loop forever, before a single weight is looked at. The official Cosmos
 weights ship as ``.jit`` and users download fine-tuned ones from strangers, so the archive is read here as data:
 
-- the archive is a zip; ``data.pkl`` is the module tree, pickled. It is unpickled by :class:`_ArchiveUnpickler`,
-  whose ``find_class`` hands out inert stand-ins for the archive's own ``__torch__.*`` classes, a tensor rebuilder
-  and the storage type markers, and refuses every other global (``os.system``, ``builtins.eval``, ...): nothing a
-  file names is imported or called;
-- tensors are rebuilt from the ``data/<key>`` records, with sizes, strides and offsets checked against the record;
+- the archive is a zip; ``data.pkl`` is the module tree, pickled. No unpickler reads it: :class:`_PickleMachine`
+  walks its opcodes (``pickletools.genops`` only parses them) and knows the few that ``torch.jit.save`` writes.
+  A class the stream names becomes an inert stand-in (:class:`_ScriptObject`) for the archive's own
+  ``__torch__.*`` classes, tensors become references checked against their ``data/<key>`` records, and any other
+  global (``os.system``, ``builtins.eval``, ...) or opcode is refused: nothing a file names is imported or called,
+  and no container of the file's is hashed, compared or printed (a crafted one can make that take forever);
 - which attributes of a class are parameters and buffers is declared in its ``code/`` file as
-  ``__parameters__ = [...]`` and ``__buffers__ = [...]``: that file is parsed as text (``ast``), never run.
+  ``__parameters__ = [...]``, ``__buffers__ = [...]`` and ``name : Type`` lines: they are read as text, line by
+  line, never run or even parsed as a program.
 
 The result is the ``state_dict`` of the module ``torch.jit.load`` would build, key for key and value for value
 (``tests/io/test_jit_archive.py`` compares them), and anything else in the archive is refused in one line.
@@ -20,8 +22,10 @@ from __future__ import annotations
 
 import ast
 import io
+import math
 import os
-import pickle  # restricted to _ArchiveUnpickler.find_class below: only our own stand-ins are ever built
+import pickletools
+import re
 import stat
 import zipfile
 from dataclasses import dataclass, field
@@ -33,12 +37,14 @@ from torch import Tensor
 
 from ..core.errors import CheckpointError
 
-MAX_PICKLE_BYTES = 256 << 20
-"""The largest ``data.pkl`` read: a real tokenizer's is well under 1 MiB (the tensors are separate records)."""
-MAX_CODE_BYTES = 16 << 20
-"""The largest ``code/`` file parsed for a class's declarations (a real one is a few KiB)."""
+MAX_PICKLE_BYTES = 8 << 20
+"""The largest ``data.pkl`` read: the real CV8x8x8's is 62 KB (the tensors are separate records)."""
+MAX_CODE_BYTES = 2 << 20
+"""The largest ``code/`` file read for a class's declarations (a real one is a few KiB)."""
 MAX_MODULE_DEPTH = 200
 """Deepest module nesting followed (the Cosmos tokenizers nest under 12 levels)."""
+MAX_ELEMENTS = 1 << 48
+"""Most elements of one tensor (a real one has under 2**30)."""
 
 _STORAGE_DTYPES: dict[str, torch.dtype] = {
     "FloatStorage": torch.float32,
@@ -51,12 +57,26 @@ _STORAGE_DTYPES: dict[str, torch.dtype] = {
     "CharStorage": torch.int8,
     "ByteStorage": torch.uint8,
     "BoolStorage": torch.bool,
+    "ComplexFloatStorage": torch.complex64,
+    "ComplexDoubleStorage": torch.complex128,
+    "ComplexHalfStorage": torch.complex32,
+    "Float8_e4m3fnStorage": torch.float8_e4m3fn,
+    "Float8_e5m2Storage": torch.float8_e5m2,
+    "UInt16Storage": torch.uint16,
+    "UInt32Storage": torch.uint32,
+    "UInt64Storage": torch.uint64,
 }
 """The storage type markers ``torch.jit.save`` writes for dense tensors, and their dtypes."""
 
 
 class _Refused(Exception):
     """Something in the archive that is not weights and plain data; the message says what."""
+
+
+def _shown(name: str) -> str:
+    """A name read from the file, fit for a one-line message (no line breaks, at most 80 characters)."""
+    text = " ".join(name.split())
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True)
@@ -73,8 +93,12 @@ class _TensorRef:
     size: tuple[int, ...]
     stride: tuple[int, ...]
 
-    def __setstate__(self, state: Any) -> None:
-        raise _Refused("a tensor with extra state")
+
+@dataclass(frozen=True)
+class _ClassRef:
+    """A ``__torch__.*`` class the stream names: only ever instantiated as a :class:`_ScriptObject`."""
+
+    qualified_name: str
 
 
 @dataclass(eq=False)
@@ -86,26 +110,28 @@ class _ScriptObject:
     attributes: dict[str, Any] = field(default_factory=dict)
     built: bool = False
 
-    def __setstate__(self, state: Any) -> None:
-        if self.built or not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
-            raise _Refused(f"an object of class {self.qualified_name} with a state that is not a dict of attributes")
+    def build(self, state: Any) -> None:
+        if self.built or type(state) is not dict or not all(type(k) is str for k in state):
+            raise _Refused(f"an object of class {_shown(self.qualified_name)} whose state is not a dict of attributes")
         self.attributes, self.built = state, True
 
 
 def _rebuild_tensor(
     storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any = False, hooks: Any = None, *extra: Any
 ) -> _TensorRef:
-    # The signature of torch._utils._rebuild_tensor_v2, which is what the archive names; the values are checked
+    # The arguments of torch._utils._rebuild_tensor_v2, which is what the archive names; the values are checked
     # here and the tensor is only made once every record is known (_Archive.tensor).
     def ints(value: Any) -> bool:
-        return isinstance(value, tuple) and all(type(v) is int and v >= 0 for v in value)
+        return type(value) is tuple and len(value) <= 16 and all(type(v) is int and v >= 0 for v in value)
 
-    if not isinstance(storage, _StorageRef) or type(offset) is not int or offset < 0:
+    if type(storage) is not _StorageRef or type(offset) is not int or offset < 0:
         raise _Refused("a tensor that does not point into a storage record")
-    if not ints(size) or not ints(stride) or len(size) != len(stride) or len(size) > 16:
-        raise _Refused(f"a tensor with sizes {size!r} and strides {stride!r}")
-    if extra or not isinstance(requires_grad, bool) or (hooks is not None and hooks != {}):
+    if not ints(size) or not ints(stride) or len(size) != len(stride):
+        raise _Refused("a tensor whose sizes and strides are not lists of counts")
+    if extra or type(requires_grad) is not bool or not (hooks is None or (type(hooks) is dict and not hooks)):
         raise _Refused("a tensor with hooks or metadata")
+    if math.prod(size) > MAX_ELEMENTS:
+        raise _Refused(f"a tensor of {math.prod(size)} elements")
     if 0 not in size and offset + sum((n - 1) * s for n, s in zip(size, stride, strict=False)) >= storage.numel:
         raise _Refused(f"a tensor of size {list(size)} that reaches past its storage record {storage.key}")
     return _TensorRef(storage, offset, size, stride)
@@ -118,121 +144,278 @@ def _empty_dict() -> dict[str, Any]:
 
 def _typed_list(data: Any) -> list[Any]:
     # torch.jit._pickle.build_intlist and its siblings: a scripted module's typed list attributes, as plain lists.
-    if not isinstance(data, list):
-        raise _Refused(f"a typed list built from a {type(data).__name__}")
+    if type(data) is not list:
+        raise _Refused("a typed list that is not a list")
     return data
 
 
 def _type_tag(value: Any, type_str: Any) -> Any:
     # torch.jit._pickle.restore_type_tag: the TorchScript type of a container, which plain data does not need.
-    if not isinstance(type_str, str):
+    if type(type_str) is not str:
         raise _Refused("a type tag that is not a string")
     return value
 
 
-_JIT_PICKLE_HELPERS: dict[str, Any] = {
-    "build_intlist": _typed_list,
-    "build_doublelist": _typed_list,
-    "build_boollist": _typed_list,
-    "build_tensorlist": _typed_list,
-    "restore_type_tag": _type_tag,
+_FUNCTIONS: dict[str, Any] = {
+    "torch._utils._rebuild_tensor_v2": _rebuild_tensor,
+    "collections.OrderedDict": _empty_dict,
+    "torch.jit._pickle.build_intlist": _typed_list,
+    "torch.jit._pickle.build_doublelist": _typed_list,
+    "torch.jit._pickle.build_boollist": _typed_list,
+    "torch.jit._pickle.build_tensorlist": _typed_list,
+    "torch.jit._pickle.restore_type_tag": _type_tag,
 }
-"""The functions of ``torch.jit._pickle`` that scripted modules' archives name, as inert equivalents."""
+"""The functions an archive may name, as inert equivalents of torch's (the only things REDUCE may call)."""
+_CALLABLE = frozenset(map(id, _FUNCTIONS.values()))
+
+_PLAIN_KEYS = (str, int, float, bool, type(None))
+"""Types a dict key may have: hashing anything else (a tuple nested a million deep, or built from shared parts)
+can take forever or crash the interpreter."""
 
 
-class _ArchiveUnpickler(pickle.Unpickler):
-    """Unpickles ``data.pkl`` into stand-ins, tensor references and plain containers; every other global is
-    refused, so no function or class the file names is ever imported or called."""
+class _PickleMachine:
+    """Runs the opcodes of a ``data.pkl`` that build data: containers, numbers, strings, stand-ins and tensor
+    references. Every other opcode, every global outside :data:`_FUNCTIONS`, the storage markers and ``__torch__``
+    classes, and every call outside :data:`_FUNCTIONS` is refused."""
 
     def __init__(self, data: bytes) -> None:
-        super().__init__(io.BytesIO(data))
-        self.classes: dict[str, type] = {}
+        self.data = data
+        self.stack: list[Any] = []
+        self.marks: list[int] = []
+        self.memo: dict[int, Any] = {}  # a dict, not a list: a crafted index costs one entry, not gigabytes
 
     def find_class(self, module: str, name: str) -> Any:
         qualified = f"{module}.{name}"
-        if module == "__torch__" or module.startswith("__torch__."):
-            return self.classes.setdefault(qualified, _stand_in(qualified))
-        if qualified == "torch._utils._rebuild_tensor_v2":
-            return _rebuild_tensor
-        if qualified == "collections.OrderedDict":
-            return _empty_dict
-        if module == "torch.jit._pickle" and name in _JIT_PICKLE_HELPERS:
-            return _JIT_PICKLE_HELPERS[name]
+        if (module == "__torch__" or module.startswith("__torch__.")) and name.isidentifier():
+            return _ClassRef(qualified)
+        if qualified in _FUNCTIONS:
+            return _FUNCTIONS[qualified]
         if module == "torch" and name in _STORAGE_DTYPES:
             return _STORAGE_DTYPES[name]
-        raise _Refused(f"a reference to {qualified}, which is not a tensor or a TorchScript class")
+        if (module == "torch" and name.endswith("Storage")) or qualified.startswith("torch._utils._rebuild_"):
+            # Quantized and sparse tensors: no tokenizer holds them, and their rebuilders take more than data.
+            raise _Refused(f"quantized or sparse tensors ({_shown(qualified)}), which no tokenizer holds")
+        raise _Refused(f"a reference to {_shown(qualified)}, which is not a tensor or a TorchScript class")
 
-    def persistent_load(self, pid: Any) -> _StorageRef:
+    @staticmethod
+    def persistent_load(pid: Any) -> _StorageRef:
         if (
-            isinstance(pid, tuple)
+            type(pid) is tuple
             and len(pid) == 5
             and pid[0] == "storage"
-            and isinstance(pid[1], torch.dtype)
-            and isinstance(pid[2], str)
+            and type(pid[1]) is torch.dtype
+            and type(pid[2]) is str
             and pid[2].isdigit()
             and type(pid[4]) is int
-            and pid[4] >= 0
+            and 0 <= pid[4] <= MAX_ELEMENTS
         ):
             return _StorageRef(pid[1], pid[2], pid[4])
-        raise _Refused(f"a reference {pid!r:.80} that is not a tensor storage")
+        raise _Refused("a persistent reference that is not a tensor storage")
 
+    def pop_mark(self) -> list[Any]:
+        if not self.marks:
+            raise _Refused("a malformed pickle stream (no mark)")
+        start = self.marks.pop()
+        items = self.stack[start:]
+        del self.stack[start:]
+        return items
 
-def _stand_in(qualified: str) -> type:
-    # NEWOBJ calls cls.__new__(cls): each __torch__ class becomes a subclass whose instances know their name.
-    def new(cls: type, *args: Any) -> _ScriptObject:
-        if args:
-            raise _Refused(f"an object of class {qualified} built with arguments")
-        return _ScriptObject(qualified)
+    def pop(self) -> Any:
+        if len(self.stack) <= (self.marks[-1] if self.marks else 0):
+            raise _Refused("a malformed pickle stream (stack underflow)")
+        return self.stack.pop()
 
-    return type("_StandIn", (), {"__new__": new})
+    def peek(self) -> Any:
+        if len(self.stack) <= (self.marks[-1] if self.marks else 0):
+            raise _Refused("a malformed pickle stream (nothing to remember)")
+        return self.stack[-1]
+
+    def top(self, kind: type) -> Any:
+        if not self.stack or type(self.stack[-1]) is not kind:
+            raise _Refused(f"a malformed pickle stream (no {kind.__name__} to add to)")
+        return self.stack[-1]
+
+    @staticmethod
+    def key(value: Any) -> Any:
+        if type(value) not in _PLAIN_KEYS:
+            raise _Refused(f"a dict key of type {type(value).__name__}")
+        return value
+
+    def run(self) -> Any:
+        push = self.stack.append
+        for opcode, arg, _ in pickletools.genops(self.data):
+            op = opcode.name
+            if op in ("PROTO", "FRAME"):
+                continue
+            if op == "STOP":
+                if len(self.stack) != 1 or self.marks:
+                    raise _Refused("a malformed pickle stream (items left at its end)")
+                return self.stack[0]
+            if op == "MARK":
+                self.marks.append(len(self.stack))
+            elif op == "NONE":
+                push(None)
+            elif op in ("NEWTRUE", "NEWFALSE"):
+                push(op == "NEWTRUE")
+            elif op in ("BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT"):
+                push(arg)
+            elif op in ("BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"):
+                push(arg)
+            elif op == "EMPTY_DICT":
+                push({})
+            elif op == "EMPTY_LIST":
+                push([])
+            elif op == "EMPTY_TUPLE":
+                push(())
+            elif op == "TUPLE":
+                push(tuple(self.pop_mark()))
+            elif op in ("TUPLE1", "TUPLE2", "TUPLE3"):
+                count = int(op[-1])
+                items = [self.pop() for _ in range(count)][::-1]
+                push(tuple(items))
+            elif op == "LIST":
+                push(self.pop_mark())
+            elif op == "APPEND":
+                value = self.pop()
+                self.top(list).append(value)
+            elif op == "APPENDS":
+                items = self.pop_mark()
+                self.top(list).extend(items)
+            elif op == "SETITEM":
+                value, key = self.pop(), self.pop()
+                self.top(dict)[self.key(key)] = value
+            elif op == "SETITEMS":
+                items = self.pop_mark()
+                if len(items) % 2:
+                    raise _Refused("a malformed pickle stream (a key without a value)")
+                target = self.top(dict)
+                for key, value in zip(items[::2], items[1::2], strict=False):
+                    target[self.key(key)] = value
+            elif op in ("BINPUT", "LONG_BINPUT", "MEMOIZE"):
+                self.memo[len(self.memo) if op == "MEMOIZE" else arg] = self.peek()
+            elif op in ("BINGET", "LONG_BINGET"):
+                if arg not in self.memo:
+                    raise _Refused("a malformed pickle stream (a reference to nothing)")
+                push(self.memo[arg])
+            elif op == "GLOBAL":
+                module, _, name = arg.partition(" ")
+                push(self.find_class(module, name))
+            elif op == "STACK_GLOBAL":
+                name, module = self.pop(), self.pop()
+                if type(module) is not str or type(name) is not str:
+                    raise _Refused("a malformed pickle stream (a global that is not named)")
+                push(self.find_class(module, name))
+            elif op == "BINPERSID":
+                push(self.persistent_load(self.pop()))
+            elif op == "REDUCE":
+                args, function = self.pop(), self.pop()
+                if id(function) not in _CALLABLE or type(args) is not tuple:
+                    raise _Refused(f"a call of a {type(function).__name__}, which only runs code")
+                try:
+                    push(function(*args))
+                except TypeError:  # the wrong number of arguments
+                    raise _Refused(f"a call of {function.__name__} with {len(args)} arguments") from None
+            elif op == "NEWOBJ":
+                args, cls = self.pop(), self.pop()
+                if type(cls) is not _ClassRef or args != ():
+                    raise _Refused("an object built with arguments, or of a class that is not the archive's")
+                push(_ScriptObject(cls.qualified_name))
+            elif op == "BUILD":
+                state = self.pop()
+                target = self.top(_ScriptObject)
+                target.build(state)
+            else:
+                raise _Refused(f"the pickle opcode {op}, which torch.jit.save never writes")
+        raise _Refused("a malformed pickle stream (no end)")
 
 
 @dataclass(frozen=True)
 class _ClassDecl:
     module: bool
-    parameters: tuple[str, ...]
-    buffers: tuple[str, ...]
+    parameters: frozenset[str]
+    buffers: frozenset[str]
+    """Declared buffers whose annotation is ``Tensor`` (an ``Optional[Tensor]`` one is not in the state dict)."""
+
+
+_CLASS_LINE = re.compile(r"class (\w+)(?:\((.*)\))?:\s*")
+_MEMBER_LINE = re.compile(r"  (\w+) : (.+?)\s*")
+_LIST_LINE = re.compile(r"  (__parameters__|__buffers__) = (.*)")
+
+
+def _declarations(text: str, where: str) -> dict[str, _ClassDecl]:
+    """Each class of a ``code/`` file: whether it is a module, its parameters and its buffers, read from the
+    lines ``torch.jit.save`` writes at the top of each class body (two spaces in)."""
+    found: dict[str, _ClassDecl] = {}
+    name: str | None = None
+    lists: dict[str, frozenset[str]] = {}
+    annotations: dict[str, str] = {}
+    bases = ""
+
+    def close() -> None:
+        if name is not None:
+            buffers = frozenset(b for b in lists.get("__buffers__", ()) if annotations.get(b) == "Tensor")
+            found[name] = _ClassDecl(bases == "Module", lists.get("__parameters__", frozenset()), buffers)
+
+    for line in text.splitlines():
+        header = _CLASS_LINE.fullmatch(line)
+        if header:
+            close()
+            name, bases, lists, annotations = header.group(1), header.group(2) or "", {}, {}
+            continue
+        listed = _LIST_LINE.fullmatch(line)
+        if name is not None and listed:
+            try:
+                names = ast.literal_eval(listed.group(2))  # a list of string literals, read as a literal only
+            except (SyntaxError, ValueError, MemoryError, RecursionError):
+                names = None
+            if type(names) is not list or not all(type(n) is str for n in names):
+                raise _Refused(f"a class {name} in {where} whose {listed.group(1)} is not a list of names")
+            lists[listed.group(1)] = frozenset(names)
+            continue
+        member = _MEMBER_LINE.fullmatch(line)
+        if name is not None and member:
+            annotations[member.group(1)] = member.group(2)
+    close()
+    return found
 
 
 class _Archive:
-    """The records of one archive, opened once."""
+    """The records of one archive, opened once and checked before any is read."""
 
     def __init__(self, archive: zipfile.ZipFile, size: int) -> None:
         self.zip, self.size = archive, size
-        pickles = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith("/data.pkl")]
+        infos = archive.infolist()
+        pickles = [i.filename for i in infos if i.filename.count("/") == 1 and i.filename.endswith("/data.pkl")]
         if len(pickles) != 1:
             raise _Refused("no data.pkl (it is not a TorchScript archive)")
         self.prefix = pickles[0][: -len("data.pkl")]
-        self.names = set(archive.namelist())
-        self.declarations: dict[str, _ClassDecl] = {}
+        self.infos = {i.filename: i for i in infos}
+        _check_layout(infos)
+        self.files: dict[str, dict[str, _ClassDecl]] = {}
         self.storages: dict[str, Tensor] = {}
+        self.storage_bytes = 0
 
-    def read(self, name: str, limit: int | None = None) -> bytes:
-        if self.prefix + name not in self.names:
-            raise _Refused(f"no record {name}")
-        info = self.zip.getinfo(self.prefix + name)
-        if limit is not None and info.file_size > limit:
-            raise _Refused(f"a record {name} of {info.file_size} bytes")
+    def read(self, name: str, limit: int, stored: bool = True) -> bytes:
+        info = self.infos.get(self.prefix + name)
+        if info is None:
+            raise _Refused(f"no record {_shown(name)}")
+        if stored and info.compress_type != zipfile.ZIP_STORED:
+            raise _Refused(f"a compressed record {_shown(name)} (torch.jit.save stores it as it is)")
+        if info.file_size > limit:
+            raise _Refused(f"a record {_shown(name)} of {info.file_size} bytes")
         return self.zip.read(info)
 
     def storage(self, ref: _StorageRef) -> Tensor:
         found = self.storages.get(ref.key)
         if found is None:
-            name = f"{self.prefix}data/{ref.key}"
-            if name not in self.names:
-                raise _Refused(f"no record data/{ref.key} for a tensor")
-            info = self.zip.getinfo(name)
             nbytes = ref.numel * torch.empty((), dtype=ref.dtype).element_size()
-            if info.file_size != nbytes:
-                raise _Refused(f"a record data/{ref.key} of {info.file_size} bytes for {nbytes} bytes of tensor")
-            if info.compress_type != zipfile.ZIP_STORED or nbytes > self.size:
-                # torch.jit.save stores tensors uncompressed; a compressed one could inflate far beyond the file.
-                raise _Refused(f"a compressed or oversized tensor record data/{ref.key}")
-            buffer = bytearray(nbytes)
-            with self.zip.open(info) as record:
-                if record.readinto(buffer) != nbytes:
-                    raise _Refused(f"a record data/{ref.key} shorter than its header says")
-            found = torch.frombuffer(buffer, dtype=ref.dtype) if nbytes else torch.empty(0, dtype=ref.dtype)
+            self.storage_bytes += nbytes
+            if self.storage_bytes > self.size:  # records that share bytes: more tensor data than the file holds
+                raise _Refused(f"more tensor data than the file's {self.size} bytes")
+            data = self.read(f"data/{ref.key}", nbytes)
+            if len(data) != nbytes:
+                raise _Refused(f"a record data/{ref.key} of {len(data)} bytes for {nbytes} bytes of tensor")
+            found = torch.frombuffer(bytearray(data), dtype=ref.dtype) if nbytes else torch.empty(0, dtype=ref.dtype)
             self.storages[ref.key] = found
         elif found.dtype != ref.dtype:
             raise _Refused(f"storage record data/{ref.key} used as {found.dtype} and {ref.dtype}")
@@ -243,36 +426,27 @@ class _Archive:
 
     def declaration(self, qualified: str) -> _ClassDecl:
         """Whether ``qualified`` is a module, and the parameters and buffers its ``code/`` file declares."""
-        found = self.declarations.get(qualified)
-        if found is not None:
-            return found
         module, _, name = qualified.rpartition(".")
-        text = self.read("code/" + module.replace(".", "/") + ".py", MAX_CODE_BYTES).decode("utf-8", "replace")
-        try:
-            tree = ast.parse(text)  # parsed to read two lists of names; never compiled or run
-        except (SyntaxError, ValueError):
-            raise _Refused(f"a code file for {qualified} that is not TorchScript") from None
-        decl = None
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and node.name == name:
-                lists = {}
-                for item in node.body:
-                    if isinstance(item, ast.Assign) and len(item.targets) == 1:
-                        target = item.targets[0]
-                        if isinstance(target, ast.Name) and target.id in ("__parameters__", "__buffers__"):
-                            lists[target.id] = _names(item.value, qualified)
-                is_module = any(isinstance(b, ast.Name) and b.id == "Module" for b in node.bases)
-                decl = _ClassDecl(is_module, lists.get("__parameters__", ()), lists.get("__buffers__", ()))
+        where = "code/" + module.replace(".", "/") + ".py"
+        if where not in self.files:  # each file read once, however many classes it holds
+            text = self.read(where, MAX_CODE_BYTES, stored=False).decode("utf-8", "replace")
+            self.files[where] = _declarations(text, where)
+        decl = self.files[where].get(name)
         if decl is None:
-            raise _Refused(f"no declaration of class {qualified} in its code file")
-        self.declarations[qualified] = decl
+            raise _Refused(f"no declaration of class {_shown(qualified)} in its code file")
         return decl
 
 
-def _names(node: ast.expr, qualified: str) -> tuple[str, ...]:
-    if isinstance(node, ast.List) and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
-        return tuple(e.value for e in node.elts)  # type: ignore[attr-defined]
-    raise _Refused(f"a class {qualified} whose parameters or buffers are not a list of names")
+def _check_layout(infos: list[zipfile.ZipInfo]) -> None:
+    """Refuse what ``torch.jit.save`` never writes and a crafted zip uses against its reader: encrypted or
+    exotically compressed records, and records whose bytes overlap (one stretch of the file read as many)."""
+    end = -1
+    for info in sorted(infos, key=lambda i: i.header_offset):
+        if info.flag_bits & 0x1 or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise _Refused(f"a record {_shown(info.filename)} that is encrypted or compressed in an unusual way")
+        if info.header_offset < end:
+            raise _Refused(f"records that overlap ({_shown(info.filename)})")
+        end = info.header_offset + 30 + len(info.filename.encode()) + info.compress_size
 
 
 def _state_dict(archive: _Archive, root: Any) -> dict[str, Tensor]:
@@ -285,23 +459,25 @@ def _state_dict(archive: _Archive, root: Any) -> dict[str, Tensor]:
         if depth > MAX_MODULE_DEPTH:
             raise _Refused(f"modules nested more than {MAX_MODULE_DEPTH} deep")
         if id(obj) in seen:
-            raise _Refused(f"a module ({prefix or 'the root'}) that appears twice in the tree")
+            raise _Refused(f"a module ({_shown(prefix) or 'the root'}) that appears twice in the tree")
         seen.add(id(obj))
         decl = archive.declaration(obj.qualified_name)
         if not decl.module:
-            raise _Refused(f"{prefix or 'the root'}: an object of class {obj.qualified_name}, not a module")
-        for kind in (decl.parameters, decl.buffers):
+            raise _Refused(f"{_shown(prefix) or 'the root'}: an object of class {_shown(obj.qualified_name)}")
+        for kind, only_tensors in ((decl.parameters, False), (decl.buffers, True)):
             for name, value in obj.attributes.items():
                 if name not in kind or value is None:
                     continue
-                if not isinstance(value, _TensorRef):
-                    raise _Refused(f"{prefix}{name}: a {type(value).__name__} declared as a tensor")
+                if type(value) is not _TensorRef:
+                    if only_tensors:
+                        raise _Refused(f"{_shown(prefix + name)}: a {type(value).__name__} declared as a tensor")
+                    continue  # torch keeps a parameter only while it holds a tensor
                 state[prefix + name] = archive.tensor(value)
         for name, value in obj.attributes.items():
-            if isinstance(value, _ScriptObject) and archive.declaration(value.qualified_name).module:
+            if type(value) is _ScriptObject and archive.declaration(value.qualified_name).module:
                 walk(value, f"{prefix}{name}.", depth + 1)
 
-    if not isinstance(root, _ScriptObject):
+    if type(root) is not _ScriptObject:
         raise _Refused(f"a {type(root).__name__} at the top, not a module")
     walk(root, "", 0)
     return state
@@ -313,12 +489,16 @@ def _open_regular(path: Path) -> io.BufferedReader:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} does not exist") from None
-    except OSError as err:
-        raise CheckpointError(f"cannot open {path}: {err.strerror}") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        raise CheckpointError(f"cannot open {path}: {getattr(err, 'strerror', None) or err}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise CheckpointError(f"{path} is not a regular file (a folder, FIFO or device): pass the weights file itself")
     return os.fdopen(fd, "rb")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def read_jit_state(path: str | Path) -> dict[str, Tensor]:
@@ -331,26 +511,21 @@ def read_jit_state(path: str | Path) -> dict[str, Tensor]:
         try:
             with zipfile.ZipFile(handle) as archive:
                 reader = _Archive(archive, os.fstat(handle.fileno()).st_size)
-                has_order = reader.prefix + "byteorder" in reader.names
-                byteorder = reader.read("byteorder", 16).decode() if has_order else ""
-                if byteorder not in ("", "little"):
-                    raise _Refused(f"tensors stored {byteorder}-endian")
-                root = _ArchiveUnpickler(reader.read("data.pkl", MAX_PICKLE_BYTES)).load()
+                if reader.prefix + "byteorder" in reader.infos and reader.read("byteorder", 16) != b"little":
+                    raise _Refused("tensors stored in another byte order than little-endian")
+                root = _PickleMachine(reader.read("data.pkl", MAX_PICKLE_BYTES)).run()
                 return _state_dict(reader, root)
         except _Refused as err:
             raise CheckpointError(
-                f"refusing to load {path}: it holds {err}. A TorchScript tokenizer file holds only modules and "
-                "their tensors, and nothing else in it is ever run; use the official files or one you trust"
+                _one_line(
+                    f"refusing to load {path}: it holds {err}. A TorchScript tokenizer file holds only modules and "
+                    "their tensors, and nothing else in it is ever run; use the official files or one you trust"
+                )
             ) from None
-        except (zipfile.BadZipFile, EOFError, pickle.UnpicklingError, UnicodeDecodeError, OSError) as err:
+        except Exception as err:  # noqa: BLE001 - zipfile, zlib, pickletools and torch raise many types on damage
             raise CheckpointError(
-                f"cannot read {path}: {str(err).strip() or type(err).__name__}. The file looks truncated or is not a "
-                "TorchScript archive; download it again (compare its size with the published one)."
-            ) from None
-        except (RecursionError, MemoryError, ValueError, TypeError, AttributeError, IndexError, KeyError) as err:
-            # The C unpickler's own complaints about a malformed stream (a BUILD on a list, a REDUCE of a non-
-            # callable, an exhausted stack): the file is damaged or crafted either way.
-            raise CheckpointError(
-                f"cannot read {path}: its data.pkl is malformed ({type(err).__name__}: {str(err)[:120]}). The file "
-                "is damaged or not a TorchScript archive written by torch.jit.save."
+                _one_line(
+                    f"cannot read {path}: {type(err).__name__}: {str(err)[:160]}. The file looks truncated or damaged, "
+                    "or is not a TorchScript archive; download it again (compare its size with the published one)."
+                )
             ) from None
