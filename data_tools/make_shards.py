@@ -53,11 +53,32 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
+def _read_settings(path: Path) -> dict:
+    """The options ``path`` (make_shards.json) records; :class:`UsageError` naming it when it is not what
+    make-shards writes."""
+    try:
+        saved = json.loads(path.read_bytes())
+    except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8 text
+        problem = (
+            f"is not valid JSON ({err.msg}: line {err.lineno} column {err.colno})"
+            if isinstance(err, json.JSONDecodeError)
+            else "is not UTF-8 text"
+        )
+    else:
+        if isinstance(saved, dict):
+            return saved
+        problem = f"holds a JSON {type(saved).__name__}, not the object of options make-shards writes"
+    raise UsageError(
+        f"{path} {problem}: delete it (make-shards writes it again with the options of this run) or choose a new "
+        "OUT folder"
+    )
+
+
 def _check_settings(out: Path, src: Path, opts: Options) -> None:
     path = out / SETTINGS
     wanted = {name: getattr(opts, name) for name in _PACKING}
     if path.is_file():
-        saved = json.loads(path.read_text())
+        saved = _read_settings(path)
         diff = {k: (saved.get(k), v) for k, v in wanted.items() if saved.get(k) != v}
         if diff:
             was = ", ".join(f"{k}={old!r} (now {new!r})" for k, (old, new) in diff.items())

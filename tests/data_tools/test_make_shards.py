@@ -351,3 +351,27 @@ def test_a_broken_manifest_line_is_named_in_one_line(tmp_path: Path, capsys: pyt
     status, _, err = run_main(capsys, "prepare", out)
     assert status == 1 and err.startswith(f'error: {path} line 2 is not a make-shards entry (no "shard", "split" ')
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b'{"fps": ', "is not valid JSON (Expecting value: line 1 column 9)"),
+        (b'["a", "list"]', "holds a JSON list, not the object of options make-shards writes"),
+        (b"\xff\xfe{}", "is not UTF-8 text"),
+    ],
+)
+def test_a_broken_settings_file_is_named_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture, content: bytes, problem: str
+) -> None:
+    # Before: a JSONDecodeError (or AttributeError on a list) traceback from make-shards.
+    src, out = tmp_path / "src", tmp_path / "out"
+    write_video(src / "a.mp4", 8, 32, 32)
+    out.mkdir()
+    (out / "make_shards.json").write_bytes(content)
+    status, said, err = run_main(capsys, "make-shards", src, out, "--val-fraction", "0")
+    assert status == 1 and said == "" and "Traceback" not in err and err.count("\n") == 1
+    assert err == (
+        f"error: {out / 'make_shards.json'} {problem}: delete it (make-shards writes it again with the options of "
+        "this run) or choose a new OUT folder\n"
+    )
