@@ -44,6 +44,14 @@ def test_plain_data_loads_and_bad_files_say_what_is_wrong(tmp_path: Path) -> Non
         load_torch_file(tmp_path / "half.ckpt")
     with pytest.raises(CheckpointError, match=r"checkpoint .*none\.ckpt does not exist"):
         load_torch_file(tmp_path / "none.ckpt")
+    # Before: garbage was said to hold "a pickled Python object", which sent users looking for an attack.
+    (tmp_path / "noise.ckpt").write_bytes(b"\x80\x02" + bytes(range(103, 250)))
+    with pytest.raises(CheckpointError) as refused:
+        load_torch_file(tmp_path / "noise.ckpt")
+    assert str(refused.value).startswith(
+        f"cannot read {tmp_path / 'noise.ckpt'}: it is damaged, or holds more than tensors and plain data "
+        "(Unsupported operand 103), which is never unpickled"
+    )
 
 
 def test_pickled_bytes_are_refused_or_skipped_never_unpickled() -> None:

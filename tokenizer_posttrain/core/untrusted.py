@@ -20,7 +20,10 @@ from .errors import CheckpointError
 PICKLED_STATES_OPT_IN = "resume.skip_pickled_states=true"
 """The override that lets a resume go on without the pickled states of checkpoints written by earlier releases."""
 
-_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+_UNSUPPORTED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+"""How torch's weights-only reader names the global it refused ("Unsupported global: GLOBAL x.y", or "unsupported
+GLOBAL posix.system whose module posix is blocked")."""
+_UNSUPPORTED_OPERAND = re.compile(r"Unsupported operand \d+")
 
 
 def load_torch_file(path: str | Path, mmap: bool = False) -> Any:
@@ -33,11 +36,17 @@ def load_torch_file(path: str | Path, mmap: bool = False) -> Any:
         return torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
     except UnpicklingError as err:
         found = _UNSUPPORTED_GLOBAL.search(str(err))
-        what = f" ({found.group(1)})" if found else ""
+        if found is None:  # an opcode the weights-only reader does not know: damage, or pickled objects
+            operand = _UNSUPPORTED_OPERAND.search(str(err))
+            raise CheckpointError(
+                f"cannot read {path}: it is damaged, or holds more than tensors and plain data"
+                f"{f' ({operand.group(0)})' if operand else ''}, which is never unpickled (that could run code "
+                "planted in it). Use a checkpoint you trust, or an export (model.safetensors)"
+            ) from None
         raise CheckpointError(
-            f"refusing to load {path}: it holds a pickled Python object{what}, not only tensors and plain data, "
-            "and unpickling it could run code planted in the file. Checkpoints written by tokenizer-posttrain "
-            "never hold one: use a checkpoint you trust, or an export (model.safetensors)"
+            f"refusing to load {path}: it holds a pickled Python object ({found.group(1)}), not only tensors and "
+            "plain data, and unpickling it could run code planted in the file. Checkpoints written by "
+            "tokenizer-posttrain never hold one: use a checkpoint you trust, or an export (model.safetensors)"
         ) from None
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} does not exist") from None

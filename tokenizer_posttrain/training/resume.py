@@ -78,10 +78,9 @@ def _why_unreadable(path: Path, err: CheckpointError) -> str:
     """The reason ``err`` gives why ``path`` cannot be resumed, in a few words: "holds a pickled Python object
     (posix.system)", "truncated or damaged", "not a torch checkpoint", "entry loops is of type bytes, ..."."""
     text = str(err)
-    if "a pickled Python object" in text:
-        # torch names the object's global only in its own error, which the one-line error leaves out of its text.
-        named = re.search(r"GLOBAL ([\w.]+)", f"{text} {err.__context__}")
-        return "holds a pickled Python object" + (f" ({named.group(1)})" if named else "")
+    named = re.search(r"a pickled Python object \([\w.]+\)", text)
+    if named:
+        return f"holds {named.group(0)}"
     if text.startswith(f"cannot read {path}"):
         try:
             with open(path, "rb") as f:  # a regular file: special files are never opened
