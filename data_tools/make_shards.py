@@ -12,6 +12,7 @@ from pathlib import Path
 import av
 from tqdm import tqdm
 
+from tokenizer_posttrain.core.errors import DataError
 from tokenizer_posttrain.data.probe import VideoInfo, VideoProbeError, probe_video
 
 from .prepare import energon_prepare, find_shards, is_prepared
@@ -54,7 +55,7 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 
 def _read_settings(path: Path) -> dict:
-    """The options ``path`` (make_shards.json) records; :class:`UsageError` naming it when it is not what
+    """The options ``path`` (make_shards.json) records; :class:`DataError` naming it when it is not what
     make-shards writes."""
     try:
         saved = json.loads(path.read_bytes())
@@ -68,7 +69,7 @@ def _read_settings(path: Path) -> dict:
         if isinstance(saved, dict):
             return saved
         problem = f"holds a JSON {type(saved).__name__}, not the object of options make-shards writes"
-    raise UsageError(
+    raise DataError(
         f"{path} {problem}: delete it (make-shards writes it again with the options of this run) or choose a new "
         "OUT folder"
     )

@@ -358,7 +358,7 @@ def test_a_broken_manifest_line_is_named_in_one_line(tmp_path: Path, capsys: pyt
     [
         (b'{"fps": ', "is not valid JSON (Expecting value: line 1 column 9)"),
         (b'["a", "list"]', "holds a JSON list, not the object of options make-shards writes"),
-        (b"\xff\xfe{}", "is not UTF-8 text"),
+        (b'{"src": "\xff"}', "is not UTF-8 text"),
     ],
 )
 def test_a_broken_settings_file_is_named_in_one_line(
