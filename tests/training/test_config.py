@@ -80,6 +80,7 @@ def test_non_positive_rates_are_refused() -> None:
         (lambda: DataConfig(crops_per_decode=0), "data.crops_per_decode"),
         (lambda: DataConfig(crops_per_decode=2, micro_batch_size=3), "data.crops_per_decode"),
         (lambda: DataConfig(prefetch=1.5), "data.prefetch"),
+        (lambda: DataConfig(prefetch=10**9), "data.prefetch"),  # before: torch queued 1e9 batches at start
     ],
 )
 def test_clip_start_settings_are_checked_with_their_key(make, key: str) -> None:  # noqa: ANN001

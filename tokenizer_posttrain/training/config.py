@@ -34,6 +34,12 @@ def _require(ok: bool, key: str, value: object, what: str) -> None:
         raise ValueError(f"invalid {key}={value!r}: {what}")
 
 
+MAX_PREFETCH = 64
+"""The most batches a loader worker may prepare ahead: 6 keep a GPU fed on real footage (README, "Real footage");
+torch's loader queues every one of them at its start, so a huge value is a hang where no shared-memory check
+catches it first."""
+
+
 def _integer_from(value: object, lowest: int) -> bool:
     """Whether ``value`` is an int (not a bool, which is one in Python) of at least ``lowest``."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= lowest
@@ -219,10 +225,10 @@ class DataConfig:
             "share a micro-batch)",
         )
         _require(
-            self.prefetch is None or _integer_from(self.prefetch, 1),
+            self.prefetch is None or (_integer_from(self.prefetch, 1) and self.prefetch <= MAX_PREFETCH),
             "data.prefetch",
             self.prefetch,
-            "must be a positive number of batches, or null (as many as fit, up to 6)",
+            f"must be a number of batches from 1 to {MAX_PREFETCH}, or null (as many as fit, up to 6)",
         )
         _require(
             isinstance(self.synthetic_cache, bool), "data.synthetic_cache", self.synthetic_cache, "use true or false"
