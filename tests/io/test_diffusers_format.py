@@ -246,6 +246,16 @@ def _edit_config(**changes: object) -> Callable[[Path], None]:
 KEY = "decoder.up_blocks.1.upsamplers.0.conv1.weight"
 
 
+def _tampered_folder(tmp_path: Path, tamper: Callable[[Path], None]) -> Path:
+    """A tiny CV8x8x8 written as a diffusers folder (``tmp_path/vae``), then changed by ``tamper``."""
+    folder = tmp_path / "vae"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no statistics: beside the point here
+        write_diffusers(tiny("CV8x8x8", channels=16), folder, None)
+    tamper(folder)
+    return folder
+
+
 @pytest.mark.parametrize(
     ("tamper", "message"),
     [
@@ -273,11 +283,7 @@ KEY = "decoder.up_blocks.1.upsamplers.0.conv1.weight"
 def test_a_tampered_diffusers_folder_is_refused_in_one_line_naming_what_is_wrong(
     tamper: Callable[[Path], None], message: str, tmp_path: Path
 ) -> None:
-    folder = tmp_path / "vae"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # no statistics: beside the point here
-        write_diffusers(tiny("CV8x8x8", channels=16), folder, None)
-    tamper(folder)
+    folder = _tampered_folder(tmp_path, tamper)
     with pytest.raises(CheckpointError, match=message) as err:
         read_weights(folder)
     assert "\n" not in str(err.value)
@@ -310,11 +316,7 @@ _FIX = "copy, download or export the folder again"
 def test_a_diffusers_config_out_of_range_is_refused_in_one_line_before_anything_is_built(
     tamper: Callable[[Path], None], message: str, tmp_path: Path
 ) -> None:
-    folder = tmp_path / "vae"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # no statistics: beside the point here
-        write_diffusers(tiny("CV8x8x8", channels=16), folder, None)
-    tamper(folder)
+    folder = _tampered_folder(tmp_path, tamper)
     with pytest.raises(CheckpointError, match=message) as refused:
         load_tokenizer(folder)
     assert str(refused.value).startswith(str(folder / "config.json")) and "\n" not in str(refused.value)
@@ -326,11 +328,7 @@ def test_the_export_command_refuses_a_diffusers_config_out_of_range_in_one_error
 ) -> None:
     from tokenizer_posttrain.__main__ import main
 
-    folder = tmp_path / "vae"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        write_diffusers(tiny("CV8x8x8", channels=16), folder, None)
-    _edit_config(num_layers=100_000_000)(folder)
+    folder = _tampered_folder(tmp_path, _edit_config(num_layers=100_000_000))
     assert main(["export", "--checkpoint", str(folder), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {folder / 'config.json'}: num_layers=100000000 is not an integer from 1 to 16; ")
