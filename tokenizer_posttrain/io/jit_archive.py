@@ -39,8 +39,11 @@ from ..core.errors import CheckpointError
 
 MAX_PICKLE_BYTES = 8 << 20
 """The largest ``data.pkl`` read: the real CV8x8x8's is 62 KB (the tensors are separate records)."""
-MAX_CODE_BYTES = 2 << 20
-"""The largest ``code/`` file read for a class's declarations (a real one is a few KiB)."""
+MAX_CODE_BYTES = 1 << 20
+"""The largest ``code/`` file read for a class's declarations (the real CV8x8x8's largest is 3 KiB)."""
+MAX_CODE_TOTAL = 8 << 20
+"""The most ``code/`` text read from one archive (the real CV8x8x8's 443 files hold 258 KiB): each file is small,
+but a crafted archive can name thousands, each inflating from a few bytes."""
 MAX_MODULE_DEPTH = 200
 """Deepest module nesting followed (the Cosmos tokenizers nest under 12 levels)."""
 MAX_ELEMENTS = 1 << 48
@@ -394,6 +397,7 @@ class _Archive:
         self.files: dict[str, dict[str, _ClassDecl]] = {}
         self.storages: dict[str, Tensor] = {}
         self.storage_bytes = 0
+        self.code_bytes = 0
 
     def read(self, name: str, limit: int, stored: bool = True) -> bytes:
         info = self.infos.get(self.prefix + name)
@@ -430,6 +434,9 @@ class _Archive:
         where = "code/" + module.replace(".", "/") + ".py"
         if where not in self.files:  # each file read once, however many classes it holds
             text = self.read(where, MAX_CODE_BYTES, stored=False).decode("utf-8", "replace")
+            self.code_bytes += len(text)
+            if self.code_bytes > MAX_CODE_TOTAL:
+                raise _Refused(f"more than {MAX_CODE_TOTAL} bytes of class files")
             self.files[where] = _declarations(text, where)
         decl = self.files[where].get(name)
         if decl is None:
