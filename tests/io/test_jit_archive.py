@@ -256,8 +256,8 @@ def test_code_in_the_class_files_stays_text(tmp_path: Path) -> None:
     [
         (lambda p, src: p.write_bytes(b"not a zip at all" * 10), "not a TorchScript archive"),
         (lambda p, src: p.write_bytes(src.read_bytes()[: src.stat().st_size // 2]), "truncated"),
-        (lambda p, src: os.mkfifo(p), "is not a regular file"),
-        (lambda p, src: p.mkdir(), "is not a regular file"),
+        (lambda p, src: os.mkfifo(p), "is a FIFO, not a regular file"),
+        (lambda p, src: p.mkdir(), "is a folder, not a regular file"),
         (lambda p, src: _zip_without_data_pkl(p), "no data.pkl"),
     ],
     ids=["garbage", "cut-in-half", "fifo", "directory", "a-zip-but-not-torchscript"],
@@ -448,7 +448,7 @@ def test_a_code_file_of_many_classes_is_read_once(tmp_path: Path) -> None:
 def test_a_fifo_given_as_the_weights_is_refused_without_waiting(tmp_path: Path, name: str) -> None:
     os.mkfifo(tmp_path / name)
     error = _error_within(20, load_tokenizer, tmp_path / name)
-    assert isinstance(error, CheckpointError) and "is not a regular file" in str(error)
+    assert isinstance(error, CheckpointError) and f"{tmp_path / name} is a FIFO, not a weights file" in str(error)
 
 
 def _error_within(seconds: float, function: Callable[..., object], *args: object) -> BaseException | None:

@@ -7,13 +7,14 @@ in the package unpickles (``tests/test_security.py`` checks this).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
 import warnings
 from pathlib import Path
 from pickle import UnpicklingError
-from typing import Any
+from typing import Any, BinaryIO
 
 from .errors import CheckpointError
 
@@ -72,14 +73,52 @@ def skip_pickled_state(what: str, skip: bool) -> None:
     warnings.warn(f"{what} of the checkpoint are pickled bytes of an earlier release: not restored", stacklevel=3)
 
 
-def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
-    """The bytes of ``path`` if it is a regular file (not a link, FIFO or device: a file planted in a shared folder
-    can neither redirect the read nor block it) of at most ``max_bytes``; else ``OSError``."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path} is not a regular file")
-        if info.st_size > max_bytes:
-            raise OSError(f"{path} is larger than {max_bytes} bytes")
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((what for test, what in _SPECIAL_FILES if test(mode)), "a special file")
+
+
+def special_file(path: str | Path) -> str | None:
+    """What is at ``path`` when it is not a regular file ("a FIFO", "a folder", "a link to a missing file", ...);
+    None for a regular file (or a link to one) and for nothing at all. A file the app reads is opened only when
+    this is None (or through :func:`open_regular`): opening a FIFO blocks until something writes into it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"a link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else None
+    return None if stat.S_ISREG(mode) else _kind(mode)
+
+
+def open_regular(path: str | Path, max_bytes: int | None = None, follow_links: bool = True) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file of at most ``max_bytes``: a FIFO, device or folder
+    planted at the path neither blocks the open nor is read, and the checks are made on the open file (nothing can
+    be swapped in between). Without ``follow_links`` a link is refused too (a file in a shared folder cannot
+    redirect the read). Else ``OSError`` whose ``strerror`` says what is there, e.g. "is a FIFO, not a regular
+    file"."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    info = os.fstat(fd)
+    problem = None
+    if not stat.S_ISREG(info.st_mode):
+        problem = f"is {_kind(info.st_mode)}, not a regular file"
+    elif max_bytes is not None and info.st_size > max_bytes:
+        problem = f"is {info.st_size} bytes, more than the {max_bytes} it may hold"
+    if problem is not None:
+        os.close(fd)
+        raise OSError(errno.EINVAL, problem, str(path))
+    return os.fdopen(fd, "rb")
+
+
+def read_regular_file(path: str | Path, max_bytes: int, follow_links: bool = False) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``max_bytes`` (:func:`open_regular`; links refused
+    unless ``follow_links``); else ``OSError``."""
+    with open_regular(path, max_bytes, follow_links) as f:
         return f.read()

@@ -8,8 +8,6 @@ what a ``strict=False`` load does silently).
 from __future__ import annotations
 
 import math
-import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import CheckpointError
-from ..core.untrusted import load_torch_file
+from ..core.untrusted import load_torch_file, special_file
 from ..network import CausalVideoTokenizer
 from ..network.registry import REGISTRY, TokenizerConfig, get_config
 from .config_json import read_config_json, tokenizer_settings
@@ -316,28 +314,6 @@ def _check_structure(ckpt: dict[str, Any], path: Path) -> None:
         structure.scheduler(f"lr_schedulers[{i}]", state, optimizer, groups[i] if optimizer else None)
 
 
-_SPECIAL_FILES = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def special_file(path: str | Path) -> str | None:
-    """What is at ``path`` when it is not a regular file ("a FIFO", "a folder", "a link to a missing file", ...);
-    None for a regular file (or a link to one) and for nothing at all. A checkpoint is opened only when this is
-    None: opening a FIFO blocks until something writes into it."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return f"a link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else None
-    if stat.S_ISREG(mode):
-        return None
-    return next((what for test, what in _SPECIAL_FILES if test(mode)), "a special file")
-
-
 def read_checkpoint(path: str | Path, mmap: bool = False, resume: bool = False) -> dict[str, Any]:
     """The entries of a Lightning training checkpoint, loaded weights-only (nothing in it is unpickled, see
     :func:`~tokenizer_posttrain.core.untrusted.load_torch_file`), with the type of each entry Lightning and
@@ -437,8 +413,9 @@ def read_weights(path: str | Path, ema: bool = False) -> Weights:
         )
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    if not path.is_file():  # a FIFO would block the read until someone writes to it
-        raise CheckpointError(f"{path} is not a regular file (a FIFO, device or socket): pass the weights file itself")
+    special = special_file(path)
+    if special is not None:  # a FIFO would block the read until someone writes to it
+        raise CheckpointError(f"{path} is {special}, not a weights file; pass the weights file itself")
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         return _read_safetensors(path)

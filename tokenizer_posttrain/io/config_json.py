@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -98,17 +96,12 @@ def read_config_json(path: Path, fix: str) -> dict[str, Any]:
     waited on), is larger than :data:`MAX_CONFIG_BYTES`, is not JSON, or holds anything but an object is a
     one-line :class:`CheckpointError` naming it (and where the JSON breaks), followed by ``fix``, what to do."""
     try:
-        info = os.stat(path)  # through a link: Hugging Face's cache links each file of a folder to a blob
-        if not stat.S_ISREG(info.st_mode):
-            raise CheckpointError(f"{path} is not a regular file (a folder, FIFO, socket or device); {fix}")
-        if info.st_size > MAX_CONFIG_BYTES:
-            raise CheckpointError(
-                f"{path} is {info.st_size} bytes, more than the {MAX_CONFIG_BYTES} a config.json may hold; {fix}"
-            )
-        # The checks again on the open file, which may have been swapped for another since.
-        raw = read_regular_file(path.resolve(), MAX_CONFIG_BYTES)
+        # Through a link: Hugging Face's cache links each file of a folder to a blob.
+        raw = read_regular_file(path, MAX_CONFIG_BYTES, follow_links=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist (a link to a missing file?); {fix}") from None
     except OSError as err:
-        raise CheckpointError(f"cannot read {path}: {err.strerror or err}; {fix}") from err
+        raise CheckpointError(f"{path} {err.strerror or err}; {fix}") from None
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as err:

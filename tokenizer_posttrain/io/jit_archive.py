@@ -21,12 +21,10 @@ The result is the ``state_dict`` of the module ``torch.jit.load`` would build, k
 from __future__ import annotations
 
 import ast
-import io
 import math
 import os
 import pickletools
 import re
-import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import CheckpointError
+from ..core.untrusted import open_regular
 
 MAX_PICKLE_BYTES = 8 << 20
 """The largest ``data.pkl`` read: the real CV8x8x8's is 62 KB (the tensors are separate records)."""
@@ -490,20 +489,6 @@ def _state_dict(archive: _Archive, root: Any) -> dict[str, Tensor]:
     return state
 
 
-def _open_regular(path: Path) -> io.BufferedReader:
-    # O_NONBLOCK: a FIFO planted at the path would block a plain open until someone writes to it.
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} does not exist") from None
-    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        raise CheckpointError(f"cannot open {path}: {getattr(err, 'strerror', None) or err}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CheckpointError(f"{path} is not a regular file (a folder, FIFO or device): pass the weights file itself")
-    return os.fdopen(fd, "rb")
-
-
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -514,7 +499,14 @@ def read_jit_state(path: str | Path) -> dict[str, Tensor]:
     anything but modules, tensors and plain data, or that is damaged, raises a one-line :class:`CheckpointError`
     naming the file."""
     path = Path(path)
-    with _open_regular(path) as handle:
+    try:
+        handle = open_regular(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} does not exist") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        why = getattr(err, "strerror", None) or str(err)
+        raise CheckpointError(f"{path} {why}" if why.startswith("is ") else f"cannot open {path}: {why}") from None
+    with handle:
         try:
             with zipfile.ZipFile(handle) as archive:
                 reader = _Archive(archive, os.fstat(handle.fileno()).st_size)

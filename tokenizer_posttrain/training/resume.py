@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import CheckpointError, UserError
-from ..io.checkpoint import read_checkpoint, special_file
+from ..core.untrusted import special_file
+from ..io.checkpoint import read_checkpoint
 from ..network.registry import resolve_name
 from .config import DataConfig, LossConfig, ModelConfig, ResumeConfig
 
