@@ -3,6 +3,7 @@ only after the opt-in, and neither runs the code planted in it."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,16 @@ def test_pickled_bytes_are_refused_or_skipped_never_unpickled() -> None:
     assert PICKLED_STATES_OPT_IN in message and "\n" not in message
     with pytest.warns(UserWarning, match="not restored"):
         skip_pickled_state("the random states (rng_states)", skip=True)
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_fifo_or_folder_as_a_torch_file_is_refused_without_opening_it(tmp_path: Path, mmap: bool) -> None:
+    # Before: torch.load opened the FIFO and waited for a writer.
+    os.mkfifo(tmp_path / "last.ckpt")
+    (tmp_path / "step=1.ckpt").mkdir()
+    for name, what in (("last.ckpt", "a FIFO"), ("step=1.ckpt", "a folder")):
+        with pytest.raises(CheckpointError) as refused:
+            load_torch_file(tmp_path / name, mmap=mmap)
+        assert str(refused.value) == (
+            f"{tmp_path / name} is {what}, not a regular file; give the path of the checkpoint file itself"
+        )

@@ -29,12 +29,24 @@ _UNSUPPORTED_OPERAND = re.compile(r"Unsupported operand \d+")
 
 def load_torch_file(path: str | Path, mmap: bool = False) -> Any:
     """The content of a ``torch.save`` file, loaded weights-only onto the CPU (``mmap`` maps it instead of
-    reading it). A file holding other objects, or one that cannot be read, raises a one-line
-    :class:`CheckpointError` naming the file."""
+    reading it). A file holding other objects, one that cannot be read, or anything but a regular file (a FIFO is
+    never opened for reading: that would block) raises a one-line :class:`CheckpointError` naming the file."""
     import torch
 
     try:
-        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
+        if mmap:  # torch maps a file by its name: the name is checked, then mapped
+            special = special_file(path)
+            if special is not None:
+                raise OSError(errno.EINVAL, f"is {special}, not a regular file", str(path))
+            source: str | BinaryIO = str(path)
+        else:
+            source = open_regular(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} does not exist") from None
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{why_unreadable(path, err)}; give the path of the checkpoint file itself") from None
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
     except UnpicklingError as err:
         found = _UNSUPPORTED_GLOBAL.search(str(err))
         if found is None:  # an opcode the weights-only reader does not know: damage, or pickled objects
@@ -49,13 +61,14 @@ def load_torch_file(path: str | Path, mmap: bool = False) -> Any:
             "plain data, and unpickling it could run code planted in the file. Checkpoints written by "
             "tokenizer-posttrain never hold one: use a checkpoint you trust, or an export (model.safetensors)"
         ) from None
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} does not exist") from None
     except Exception as err:  # noqa: BLE001 - torch raises many types for damaged archives
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(
             f"cannot read {path}: {first}. The file looks truncated or is not a torch checkpoint."
         ) from err
+    finally:
+        if not isinstance(source, str):
+            source.close()
 
 
 def skip_pickled_state(what: str, skip: bool) -> None:
@@ -122,3 +135,10 @@ def read_regular_file(path: str | Path, max_bytes: int, follow_links: bool = Fal
     unless ``follow_links``); else ``OSError``."""
     with open_regular(path, max_bytes, follow_links) as f:
         return f.read()
+
+
+def why_unreadable(path: str | Path, err: OSError | ValueError) -> str:
+    """``path`` and why it cannot be opened, for a message: "P is a FIFO, not a regular file" (from
+    :func:`open_regular`), "cannot open P: Permission denied"."""
+    why = getattr(err, "strerror", None) or str(err)  # ValueError: a NUL in the path
+    return f"{path} {why}" if why.startswith("is ") else f"cannot open {path}: {why}"

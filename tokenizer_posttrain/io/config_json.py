@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import CheckpointError
-from ..core.untrusted import read_regular_file
+from ..core.untrusted import read_regular_file, why_unreadable
 from ..network.registry import REGISTRY
 
 MAX_CONFIG_BYTES = 16 * 2**20
@@ -101,7 +101,7 @@ def read_config_json(path: Path, fix: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise CheckpointError(f"{path} does not exist (a link to a missing file?); {fix}") from None
     except OSError as err:
-        raise CheckpointError(f"{path} {err.strerror or err}; {fix}") from None
+        raise CheckpointError(f"{why_unreadable(path, err)}; {fix}") from None
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as err:

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import CheckpointError
-from ..core.untrusted import open_regular
+from ..core.untrusted import open_regular, why_unreadable
 
 MAX_PICKLE_BYTES = 8 << 20
 """The largest ``data.pkl`` read: the real CV8x8x8's is 62 KB (the tensors are separate records)."""
@@ -504,8 +504,7 @@ def read_jit_state(path: str | Path) -> dict[str, Tensor]:
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} does not exist") from None
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        why = getattr(err, "strerror", None) or str(err)
-        raise CheckpointError(f"{path} {why}" if why.startswith("is ") else f"cannot open {path}: {why}") from None
+        raise CheckpointError(why_unreadable(path, err)) from None
     with handle:
         try:
             with zipfile.ZipFile(handle) as archive:
