@@ -23,6 +23,7 @@ from torch import nn
 
 from tests.commands.test_infer import run_infer
 from tests.conftest import reference_weights, run_cli_here
+from tests.videos import write_video
 from tokenizer_posttrain.io.checkpoint import CheckpointError, load_tokenizer, read_weights
 from tokenizer_posttrain.io.export import export_tokenizer
 from tokenizer_posttrain.io.jit_archive import read_jit_state
@@ -170,8 +171,6 @@ def test_no_command_runs_the_planted_archive(planted: tuple[Path, Path], tmp_pat
     folder.mkdir()
     shutil.copy(archive, folder / "autoencoder.jit")  # a downloaded model folder
     video = tmp_path / "in.mp4"
-    from tests.videos import write_video
-
     write_video(video, 9, 16, 16, fps=8)
     for checkpoint in (archive, folder):
         assert (
@@ -444,11 +443,35 @@ def test_a_code_file_of_many_classes_is_read_once(tmp_path: Path) -> None:
     assert error is None
 
 
-@pytest.mark.parametrize("name", ["model.jit", "model.ckpt", "model.safetensors", "weights"])
-def test_a_fifo_given_as_the_weights_is_refused_without_waiting(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize("name", ["model.jit", "model.ckpt", "model.safetensors", "weights", "folder/autoencoder.jit"])
+def test_a_fifo_given_as_the_weights_is_refused_without_waiting(
+    tmp_path: Path, name: str, exported_dirs: dict[str, Path]
+) -> None:
+    # Before: the read waited for a writer (a FIFO autoencoder.jit in a folder was skipped for the other files).
+    if name.startswith("folder/"):
+        shutil.copytree(exported_dirs["CV8x8x8"], tmp_path / "folder")
+        (tmp_path / name).unlink()
     os.mkfifo(tmp_path / name)
-    error = _error_within(20, load_tokenizer, tmp_path / name)
+    error = _error_within(20, load_tokenizer, tmp_path / name.split("/")[0])
     assert isinstance(error, CheckpointError) and f"{tmp_path / name} is a FIFO, not a weights file" in str(error)
+
+
+def test_a_fifo_given_to_the_commands_is_refused_without_waiting(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    video = write_video(tmp_path / "in.mp4", 9, 16, 16, fps=8)
+    codes: list[int] = []
+    for args, said in (
+        (("decode", "--checkpoint", reference_weights("CV8x8x8"), "--input", fifo), f"latents file {fifo} is a FIFO"),
+        (("reconstruct", "--checkpoint", reference_weights("CV8x8x8"), "--input", fifo), f"input video {fifo} is a"),
+        (("reconstruct", "--checkpoint", fifo, "--input", video), f"checkpoint {fifo} is a FIFO, not a file"),
+    ):
+        assert _error_within(20, lambda a=args: codes.append(run_infer(*a, "--output", tmp_path / "o.mp4"))) is None
+        assert codes[-1] == 1 and said in capsys.readouterr().err
+    runs: list = []
+    launch = (f"model.jit_ckpt_pth={fifo}", "--factory", "tiny")
+    assert _error_within(120, lambda: runs.append(run_cli_here(*launch, cwd=tmp_path))) is None
+    assert runs[0].returncode == 1 and f"{fifo} is a FIFO, not a weights file" in runs[0].stderr
 
 
 def _error_within(seconds: float, function: Callable[..., object], *args: object) -> BaseException | None:

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 
 from ..core.errors import CommandError
 from ..core.files import atomic_path
+from ..core.untrusted import special_file
 from ..data.orientation import Orientation, UnsupportedOrientation, frame_orientation
 from ..data.probe import index_sizes, is_cut_off
 from ..evaluation import inference
@@ -43,10 +44,13 @@ OOM_HINT = "pass --tile 256 (or smaller) and/or a smaller --window, or --dtype b
 # -- files --------------------------------------------------------------------------------
 
 
-def _existing(path: str, what: str) -> Path:
+def _existing(path: str, what: str, folder_too: bool = False) -> Path:
     p = Path(path).expanduser()
     if not p.exists():
         raise CommandError(f"{what} {p} does not exist")
+    special = None if folder_too and p.is_dir() else special_file(p)
+    if special is not None:  # a FIFO would block the read until something writes into it
+        raise CommandError(f"{what} {p} is {special}, not a file; give the path of the file itself")
     return p
 
 
@@ -187,7 +191,9 @@ def _setup(args: argparse.Namespace, encoding: bool) -> tuple[CausalVideoTokeniz
     if device == "cuda" and not torch.cuda.is_available():
         raise CommandError("--device cuda was given but no CUDA GPU is available (use --device cpu)")
     dtype = inference.DTYPES[args.dtype or ("bf16" if device == "cuda" else "fp32")]
-    network = load_tokenizer(_existing(args.checkpoint, "checkpoint"), name=args.model, setting_names=MODEL_FLAG)
+    network = load_tokenizer(
+        _existing(args.checkpoint, "checkpoint", folder_too=True), name=args.model, setting_names=MODEL_FLAG
+    )
     options = {"tile": args.tile, "tile_overlap": args.tile_overlap, "dtype": dtype, "device": device}
     # decode checks only the tiles here: its window and context come from the latents file.
     window, context = getattr(args, "window", 17), getattr(args, "context", None)

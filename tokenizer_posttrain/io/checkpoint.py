@@ -392,6 +392,10 @@ def read_weights(path: str | Path, ema: bool = False) -> Weights:
     if path.is_dir():
         if diffusers_class(path):  # our own exports' config.json has no _class_name
             return read_diffusers(path)
+        for name in (JIT_AUTOENCODER, JIT_ENCODER, JIT_DECODER, SAFETENSORS):
+            special = special_file(path / name)
+            if special is not None:  # skipped, it would let the folder's other files load without a word
+                raise CheckpointError(f"{path / name} is {special}, not a weights file; replace it with the file")
         found = {n for n in (JIT_AUTOENCODER, JIT_ENCODER, JIT_DECODER, SAFETENSORS) if (path / n).is_file()}
         if JIT_AUTOENCODER in found:
             return Weights(_read_jit(path / JIT_AUTOENCODER), str(path / JIT_AUTOENCODER))
