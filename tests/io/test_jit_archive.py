@@ -23,7 +23,8 @@ from torch import nn
 
 from tests.commands.test_infer import run_infer
 from tests.conftest import reference_weights, run_cli_here
-from tests.videos import write_video
+from tests.videos import encode_video, write_energon_dataset, write_video
+from tokenizer_posttrain.__main__ import main
 from tokenizer_posttrain.io.checkpoint import CheckpointError, load_tokenizer, read_weights
 from tokenizer_posttrain.io.export import export_tokenizer
 from tokenizer_posttrain.io.jit_archive import read_jit_state
@@ -181,11 +182,22 @@ def test_no_command_runs_the_planted_archive(planted: tuple[Path, Path], tmp_pat
     assert train.returncode == 1 and "Traceback" not in train.stderr
     assert f"refusing to load {archive}" in train.stderr
     assert not target.exists()
+    data = write_energon_dataset(tmp_path / "data", {"a": encode_video(9, 16, 16)})
+    capsys.readouterr()
+    for args in (
+        ("export", "--checkpoint", archive, "--out", tmp_path / "export"),
+        ("evaluate", "--checkpoint", reference_weights("CV8x8x8"), "--baseline", archive, "--data", data),
+        ("posttrain", "--base", archive, "--videos", data, "--out", tmp_path / "run"),
+    ):
+        assert main([str(a) for a in args]) == 1, args
+        assert capsys.readouterr().err.startswith(f"error: refusing to load {archive}: it holds an object"), args
+        assert not target.exists()
+    assert not (tmp_path / "export").exists() and not (tmp_path / "run").exists()
 
 
 def test_an_archive_that_never_returns_is_refused_at_once(tmp_path: Path) -> None:
     torch.jit.script(_NeverReturns()).save(str(tmp_path / "loop.jit"))
-    error = _error_within(30, read_jit_state, tmp_path / "loop.jit")
+    error = _error_within(30, load_tokenizer, tmp_path / "loop.jit")  # before: torch.jit.load never returned
     assert isinstance(error, CheckpointError) and "not a dict of attributes" in str(error)
 
 
