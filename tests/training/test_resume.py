@@ -216,7 +216,7 @@ PLANTED: dict[str, tuple[Callable[[dict], object], str]] = {
     ),
     "a progress key": (
         lambda c: _fit_loop(c)["epoch_progress"]["current"].update(reset=0),
-        ": entry loops.fit_loop.epoch_progress.current has an unknown key 'reset';",
+        ": entry loops.fit_loop.epoch_progress.current has a key 'reset' that would replace a part of the loop;",
     ),
     "loader states": (
         lambda c: _fit_loop(c)["state_dict"].update(combined_loader=[{}]),
@@ -248,7 +248,7 @@ PLANTED: dict[str, tuple[Callable[[dict], object], str]] = {
     ),
     "a scheduler attribute": (
         lambda c: _lambda_lr(c).update(optimizer=0),
-        ": entry lr_schedulers[0] has an unknown key 'optimizer';",
+        ": entry lr_schedulers[0] has a key 'optimizer' that would replace a part of the scheduler;",
     ),
     "a schedule function's state": (
         lambda c: _lambda_lr(c).update(lr_lambdas=[{"planted": 1}]),
@@ -295,6 +295,26 @@ def test_a_crafted_state_in_the_checkpoint_stops_the_relaunch_in_one_line(
     if ";" in expected:
         assert one_error(err).endswith("the file was altered or not written by tokenizer-posttrain")
     assert torch.load(path, weights_only=True)["global_step"] == 2  # nothing trained, nothing written over it
+
+
+def test_fields_a_later_release_adds_resume_and_training_states_do_not_stop_reading_weights(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tokenizer_posttrain.io.checkpoint import read_weights
+
+    ckpt = torch.load(finished_run, weights_only=True)
+    _lambda_lr(ckpt)["_added_by_a_later_torch"] = 1  # plain values under new names: not an attack
+    _fit_loop(ckpt)["epoch_progress"]["current"]["skipped"] = 0
+    path = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    path.parent.mkdir(parents=True)
+    torch.save(ckpt, path)
+    resumed, err = launch(capsys, **tiny_run(tmp_path, steps=3, resume={"resume_from_path": str(path)}))
+    assert resumed == tmp_path / "run", err  # the run folder: trained on to step 3
+    assert torch.load(path, weights_only=True)["global_step"] == 3
+    # Reading the weights (export, reconstruct) looks at no training state: a garbled one does not stop it.
+    _adamw(ckpt)["param_groups"] = b"garbled"
+    torch.save(ckpt, tmp_path / "garbled.ckpt")
+    assert read_weights(tmp_path / "garbled.ckpt").state
 
 
 @pytest.mark.parametrize(("make", "what"), [(os.mkfifo, "a FIFO"), (Path.mkdir, "a folder")])

@@ -14,13 +14,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+from lightning.pytorch.loops.progress import _ProcessedTracker
 from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
 
 from ..core.errors import CheckpointError
 from ..core.untrusted import load_torch_file, special_file
 from ..network import CausalVideoTokenizer
 from ..network.registry import REGISTRY, TokenizerConfig, get_config
-from .config_json import read_config_json, tokenizer_settings
+from .config_json import read_config_json, shown, tokenizer_settings
 from .diffusers_format import DIFFUSERS_WEIGHTS, diffusers_class, read_diffusers
 from .jit_archive import read_jit_state
 from .layout import (
@@ -104,7 +106,6 @@ def _check_fields(ckpt: dict[str, Any], path: Path) -> None:
     for section in _SECTIONS:
         check(f"hyper_parameters.{section}", hp.get(section), dict)
     check("hyper_parameters.model.lora", (hp.get("model") or {}).get("lora"), dict)
-    _check_structure(ckpt, path)
 
 
 _COUNTERS = frozenset(("ready", "started", "processed", "completed"))
@@ -236,8 +237,9 @@ class _Structure:
         for part in ("total", "current"):
             tracker = self.item(key, progress, part, "dict")
             for counter, value in tracker.items():
-                if counter not in _COUNTERS:
-                    self.refuse(_entry(key, part), f"has an unknown key {counter!r}")
+                # A counter a later Lightning adds is a count too; one named like the tracker's methods replaces them.
+                if counter not in _COUNTERS and (not isinstance(counter, str) or hasattr(_ProcessedTracker, counter)):
+                    self.refuse(_entry(key, part), f"has a key {shown(counter)} that would replace a part of the loop")
                 self.kind(_entry(_entry(key, part), counter), value, "count")
         if batch or "is_last_batch" in progress:
             self.item(key, progress, "is_last_batch", "switch")
@@ -282,7 +284,13 @@ class _Structure:
         self.item(key, state, "lr_lambdas", "list")
         for name, value in state.items():
             if name not in _SCHEDULER_FIELDS:
-                self.refuse(key, f"has an unknown key {name!r}")
+                # A field a later torch adds is a plain value; one named like the scheduler's own attributes
+                # (optimizer, step, ...) would replace them.
+                if not isinstance(name, str) or hasattr(LambdaLR, name) or name == "optimizer":
+                    self.refuse(key, f"has a key {shown(name)} that would replace a part of the scheduler")
+                if not isinstance(value, (bool, int, float, str, type(None))):
+                    self.refuse(_entry(key, name), f"is of type {type(value).__name__}, expected a plain value")
+                continue
             kind, where = _SCHEDULER_FIELDS[name], _entry(key, name)
             if kind in ("numbers", "nones"):
                 self.kind(where, value, "list")
@@ -314,13 +322,16 @@ def _check_structure(ckpt: dict[str, Any], path: Path) -> None:
         structure.scheduler(f"lr_schedulers[{i}]", state, optimizer, groups[i] if optimizer else None)
 
 
-def read_checkpoint(path: str | Path, mmap: bool = False, resume: bool = False) -> dict[str, Any]:
+def read_checkpoint(
+    path: str | Path, mmap: bool = False, resume: bool = False, training_states: bool = False
+) -> dict[str, Any]:
     """The entries of a Lightning training checkpoint, loaded weights-only (nothing in it is unpickled, see
     :func:`~tokenizer_posttrain.core.untrusted.load_torch_file`), with the type of each entry Lightning and
     tokenizer-posttrain write checked, and the loop, optimizer and LR scheduler states a resume loads checked as
     Lightning and torch expect them, so a damaged or crafted file is refused in one line naming the entry. A FIFO,
-    folder or device is refused without being opened. ``mmap`` maps the file instead of reading it; ``resume``
-    also requires the entries Lightning's resume reads."""
+    folder or device is refused without being opened. ``mmap`` maps the file instead of reading it;
+    ``training_states`` checks the states a resume loads (reading weights needs none of them); ``resume`` checks
+    them and requires the entries Lightning's resume reads."""
     path = Path(path)
     special = special_file(path)
     if special is not None:
@@ -329,6 +340,8 @@ def read_checkpoint(path: str | Path, mmap: bool = False, resume: bool = False) 
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"{path} is not a Lightning checkpoint (it holds a {type(ckpt).__name__}, not a dict)")
     _check_fields(ckpt, path)
+    if resume or training_states:  # reading weights (export, reconstruct) needs none of them
+        _check_structure(ckpt, path)
     missing = [key for key in _RESUME_NEEDS if ckpt.get(key) is None] if resume else []
     if missing:
         raise CheckpointError(

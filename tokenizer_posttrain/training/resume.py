@@ -25,8 +25,9 @@ class SettingsChanged(UserError):
 
 def read_checkpoint_header(path: str | Path) -> dict[str, Any]:
     """A training checkpoint's entries, its tensors memory-mapped (not read); :class:`CheckpointError` naming the
-    file when it is truncated, not a training checkpoint, or holds anything but plain data."""
-    ckpt = read_checkpoint(path, mmap=True)
+    file when it is truncated, not a training checkpoint, holds anything but plain data, or garbles a state
+    the resume loads (checked here, before any work)."""
+    ckpt = read_checkpoint(path, mmap=True, training_states=True)
     if "state_dict" not in ckpt:
         raise CheckpointError(f"{path}: not a training checkpoint of this app (no state_dict)")
     return ckpt
