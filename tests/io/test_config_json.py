@@ -150,3 +150,22 @@ def test_the_export_command_refuses_a_bad_config_in_one_error_line(
     err = capsys.readouterr().err
     assert err == f"error: {folder / 'config.json'} holds a JSON array, not an object of settings; {REEXPORT}\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_every_tokenizer_setting_is_known_and_every_number_bounded() -> None:
+    # A field added to TokenizerConfig without a bound here would be refused as unknown, or built unchecked.
+    from dataclasses import fields
+
+    from tokenizer_posttrain.io.config_json import _KNOWN, INTEGERS, POWERS_OF_TWO
+    from tokenizer_posttrain.network.registry import TokenizerConfig
+
+    assert {f.name for f in fields(TokenizerConfig)} == _KNOWN
+    numbers = {f.name for f in fields(TokenizerConfig) if f.type in ("int", int)}
+    assert numbers and numbers <= set(INTEGERS) | set(POWERS_OF_TWO), numbers - set(INTEGERS) - set(POWERS_OF_TWO)
+
+
+def test_a_value_too_long_to_print_is_named_by_its_size() -> None:
+    from tokenizer_posttrain.io.config_json import shown
+
+    assert shown(10**5000) == f"an integer of {(10**5000).bit_length()} bits"
+    assert shown("x" * 100) == repr("x" * 50)[:50] + "... (102 characters)"

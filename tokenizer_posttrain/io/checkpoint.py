@@ -97,11 +97,11 @@ def _check_fields(ckpt: dict[str, Any], path: Path) -> None:
     for key, expected in _ITEMS.items():
         value = ckpt.get(key) or ()
         for name, item in value.items() if isinstance(value, dict) else enumerate(value):
-            check(f"{key}[{name!r}]", item, expected)
+            check(f"{key}[{shown(name)}]", item, expected)
     for key in ("state_dict", "current_model_state"):
         for name, tensor in (ckpt.get(key) or {}).items():
-            check(f"{key} key {name!r}", name, str)
-            check(f"{key}[{name!r}]", tensor, Tensor)
+            check(f"{key} key {shown(name)}", name, str)
+            check(f"{key}[{shown(name)}]", tensor, Tensor)
     hp = ckpt.get("hyper_parameters") or {}
     for section in _SECTIONS:
         check(f"hyper_parameters.{section}", hp.get(section), dict)
@@ -137,7 +137,7 @@ _RESUME_NEEDS = ("pytorch-lightning_version", "optimizer_states", "lr_schedulers
 
 def _entry(key: str, name: object) -> str:
     """The path of item ``name`` of the entry ``key``, as messages name it (``loops.fit_loop['epoch_loop.x']``)."""
-    return f"{key}.{name}" if isinstance(name, str) and name.isidentifier() else f"{key}[{name!r}]"
+    return f"{key}.{name}" if isinstance(name, str) and name.isidentifier() else f"{key}[{shown(name)}]"
 
 
 def _is_number(value: Any) -> bool:
@@ -176,8 +176,8 @@ class _Structure:
     def kind(self, key: str, value: Any, kind: str) -> None:
         accepts, name = _KINDS[kind]
         if not accepts(value):
-            shown = repr(value) if isinstance(value, (bool, int, float)) else f"of type {type(value).__name__}"
-            self.refuse(key, f"is {shown}, expected {name}")
+            what = shown(value) if isinstance(value, (bool, int, float)) else f"of type {type(value).__name__}"
+            self.refuse(key, f"is {what}, expected {name}")
 
     def item(self, key: str, state: dict, name: str, kind: str) -> Any:
         """``state[name]`` (``state`` is the entry ``key``), which must be there and of ``kind``."""
@@ -271,8 +271,9 @@ class _Structure:
                 self.kind(f"{where}.initial_lr", group["initial_lr"], "number")
         for param, moments in self.item(key, state, "state", "dict").items():
             if param not in listed:
-                self.refuse(f"{key}.state", f"holds the state of parameter {param!r}, which no parameter group lists")
-            where = f"{key}.state[{param!r}]"
+                problem = f"holds the state of parameter {shown(param)}, which no parameter group lists"
+                self.refuse(f"{key}.state", problem)
+            where = f"{key}.state[{shown(param)}]"
             self.kind(where, moments, "dict")
             for name, value in moments.items():
                 self.kind(_entry(where, name), value, "tensor")

@@ -59,7 +59,10 @@ _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", floa
 
 def shown(value: Any) -> str:
     """``repr(value)``, cut to 60 characters: a message quotes a value, never a whole file."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an integer of more digits than Python converts to text
+        return f"an integer of {value.bit_length()} bits"
     return text if len(text) <= 60 else f"{text[:50]}... ({len(text)} characters)"
 
 
