@@ -86,6 +86,12 @@ class LatentMoments(Protocol):
     """``[C, T]``, positive."""
 
 
+def normalizes(mean: Tensor, std: Tensor) -> bool:
+    """Whether latent statistics can normalize a latent: finite, and every std above 0 (a NaN, an infinity or a
+    std of 0 turns every latent the world model reads into NaN or infinity)."""
+    return bool(mean.isfinite().all() and std.isfinite().all() and (std > 0).all())
+
+
 # -- key names ------------------------------------------------------------------------------------------------
 # A key of ours is read left to right: module containers (each renamed on its own), then one leaf (a conv or a
 # norm and its parameter). Every key of a representable network matches; any other key is an error naming it.
@@ -291,7 +297,7 @@ def _latents(stats: LatentMoments | None, config: TokenizerConfig, out: Path) ->
             f"latent statistics of shapes {tuple(mean.shape)} and {tuple(std.shape)} for {out}: expected "
             f"[{channels}, T] each (per latent channel and latent-frame position)"
         )
-    if not (mean.isfinite().all() and std.isfinite().all() and (std > 0).all()):
+    if not normalizes(mean, std):
         raise ExportError(f"latent statistics for {out} hold NaN, Inf or a std <= 0: compute them again")
     frames = 1 + (mean.shape[1] - 1) * config.temporal_compression
     if frames < CHUNK_FRAMES:

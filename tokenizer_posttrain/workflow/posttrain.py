@@ -29,7 +29,7 @@ from ..evaluation.latent_stats import (
 )
 from ..evaluation.report import Verdict, card_sections
 from ..io.checkpoint import MODEL_FLAG, load_tokenizer, read_weights, resolve_config
-from ..io.diffusers_format import PIPELINE_SUBFOLDER, diffusers_config, write_diffusers
+from ..io.diffusers_format import PIPELINE_SUBFOLDER, diffusers_config, normalizes, write_diffusers
 from ..io.model_card import checkpoint_card
 from ..losses.gan import GANConfig
 from ..losses.perceptual import find_vgg16_weights
@@ -358,7 +358,7 @@ def check_base_stats(config: TokenizerConfig, base: str, compared: bool, diffuse
             f"[{channels}, T] pair, or {fix}"
         )
     for name, mean, std in ((MEAN_STD, stats.mean, stats.std), (IMAGE_MEAN_STD, stats.image_mean, stats.image_std)):
-        if not (mean.isfinite().all() and std.isfinite().all() and (std > 0).all()):
+        if not normalizes(mean, std):
             raise CheckpointError(
                 f"{path.parent / name} holds NaN or infinite statistics or a std <= 0, which cannot normalize a "
                 f"latent: {fix}"
