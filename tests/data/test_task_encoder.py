@@ -14,12 +14,15 @@ import av
 import numpy as np
 import pytest
 import torch
+import webdataset
+from megatron.energon.av import AVDecoder, AVWebdatasetDecoder
 from megatron.energon.tools.prepare import command
 
 from tests.videos import cut_inside_sample, encode_video, write_energon_dataset
 from tokenizer_posttrain.data.batch import ASPECT_RATIO, KEYS, LOSS_MASK, SKIPPED, VIDEO
+from tokenizer_posttrain.data.clip_decode import Box, ClipReader
 from tokenizer_posttrain.data.energon import EnergonVideoDataModule
-from tokenizer_posttrain.data.task_encoder import ClipSpec, nearest_bucket
+from tokenizer_posttrain.data.task_encoder import ClipSpec, VideoOnlyDecoder, nearest_bucket
 
 
 def position_video(frames: int, height: int, width: int, gop: int | None = None) -> bytes:
@@ -331,3 +334,41 @@ def test_pickles_in_a_shard_are_never_unpickled(tmp_path: Path) -> None:
     assert not marker.exists()
     assert {k for b in found for k in b[KEYS]} == {"x0", "x1"} and all(b[SKIPPED] == [] for b in found)
     assert all(b[VIDEO].shape == (1, 3, 9, 32, 32) for b in found)
+
+
+def _handlers(value: object, seen: set[int]) -> list[object]:
+    """Every handler of a webdataset Decoder reachable from ``value``'s attributes, lists and dicts."""
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
+    if isinstance(value, webdataset.autodecode.Decoder):
+        return list(value.handlers)
+    if isinstance(value, dict):
+        return [h for inner in value.values() for h in _handlers(inner, seen)]
+    if isinstance(value, list | tuple | set):
+        return [h for inner in value for h in _handlers(inner, seen)]
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return _handlers(vars(value), seen)
+    return []
+
+
+def test_the_decoder_holds_no_handler_that_unpickles(tmp_path: Path) -> None:
+    # Before: SampleDecoder.__init__ built energon's default decoder into _decoder, with webdataset's gzip and basic
+    # handlers (pickle.loads for .pkl/.pickle/.pyd, torch.load for .pth): unused, but its decode() reached them.
+    decoder = VideoOnlyDecoder()
+    handlers = _handlers(decoder, set())
+    assert handlers and all(isinstance(h, AVWebdatasetDecoder) for h in handlers), handlers
+    marker = tmp_path / "marker"
+    raw = {"__key__": "x", "mp4": encode_video(12, 48, 64), "pkl": pickle.dumps(Planted(marker))}
+    decoded = decoder(raw)
+    assert isinstance(decoded["mp4"], AVDecoder) and decoded["pkl"] == raw["pkl"] and not marker.exists()
+    with ClipReader(decoded["mp4"], gpu=False) as reader:  # and the video decodes as training reads it
+        assert reader.read(0, 12, Box(0, 0, 48, 64)).shape == (3, 12, 48, 64)
+    assert decoder.decode("x.pkl", raw["pkl"]) == raw["pkl"] and not marker.exists()
+    assert decoder.config() == {
+        "image_decode": "torchrgb",
+        "av_decode": "AVDecoder",
+        "video_decode_audio": False,
+        "guess_content": False,
+        "decoded_members": ["mp4"],
+    }

@@ -249,13 +249,23 @@ class VideoOnlyDecoder(SampleDecoder):
 
     energon's default decoder runs webdataset's handlers on every member, and they unpickle ``.pkl``,
     ``.pickle`` and ``.pyd`` members and ``torch.load`` ``.pth`` members with ``weights_only=False``: a shard
-    holding ``<key>.pkl`` next to ``<key>.mp4`` would run whatever code that file plants at every read.
+    holding ``<key>.pkl`` next to ``<key>.mp4`` would run whatever code that file plants at every read. None of
+    those handlers is even built: ``SampleDecoder.__init__`` would build them into ``_decoder``, which its
+    ``decode`` would reach, so it is not called.
     """
 
     def __init__(self) -> None:
-        super().__init__(av_decode="AVDecoder")
+        """The video handler alone (see the class)."""
+        # The config SampleDecoder.__init__(av_decode="AVDecoder") sets, kept: energon reports it with the
+        # dataset's config, which should not change with this.
+        self._config = {
+            "image_decode": "torchrgb",
+            "av_decode": "AVDecoder",
+            "video_decode_audio": False,
+            "guess_content": False,
+        }
         # No pre/post handlers: the defaults would gunzip members and hand them to the pickle handlers.
-        self._video_only = webdataset.autodecode.Decoder(
+        self._decoder = webdataset.autodecode.Decoder(
             [AVWebdatasetDecoder(video_decode_audio=False, av_decode="AVDecoder")],
             pre=[],
             post=[],
@@ -264,7 +274,7 @@ class VideoOnlyDecoder(SampleDecoder):
 
     def __call__(self, sample: dict) -> dict:
         """The sample with its video member as a lazy :class:`AVDecoder`, every other member as raw bytes."""
-        return self._video_only(sample)
+        return self._decoder(sample)
 
     def config(self) -> dict:
         """energon's description of the decoder (logged), naming the only member it decodes."""
