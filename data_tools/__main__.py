@@ -48,7 +48,9 @@ unsupported_rotation, too_few_frames, too_small (errors); low_resolution, variab
 samples its energon index lists can still be read; and pickled_member (error) for a .pkl/.pickle/.pyd/.pth tar
 member: training never reads it, but other webdataset readers unpickle it, running any code planted in it;
 changed_shard (error) for a prepared shard replaced or rewritten since: its tar no longer holds the samples its
-energon index lists (every tar header is compared with the index), so prepare it again.
+energon index lists (every tar header is compared with the index), so prepare it again. A prepared DATA whose
+.nv-meta files are not what prepare writes (a dataset.yaml naming code energon would run, a FIFO) is refused
+at once, as training refuses it (exit 1).
 
 Probing reads every packet of a video and decodes from its last keyframe to the end: a file cut short (e.g. an
 mp4 written with its index at the front) is reported as partial_video with "N of M frames readable". --deep

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from tokenizer_posttrain.data.layout import check_prepared, read_shard_counts
 from tokenizer_posttrain.data.probe import Problem, VideoProbeError, clip_problems, probe_video
 from tokenizer_posttrain.data.shard_check import MemberScan, ShardDamage, index_change, index_offsets
 
@@ -116,6 +117,9 @@ def _open_samples(data: Path, found: Findings) -> Iterator[tuple[Iterator[tuple[
             raise NoSamples(f"{data} is neither a folder, a .tar shard nor a video file")
         return
     shards = find_shards(data)
+    if (data / META).exists():
+        # What training would refuse before energon reads the folder (code named in its yaml files, a FIFO).
+        check_prepared(data)
     if shards:
         yield _samples_in_tars(data, shards, found), _indexed_count(data)
         return
@@ -132,10 +136,11 @@ def _files(paths: list[Path], root: Path) -> Iterator[tuple[str, BinaryIO]]:
 
 
 def _indexed_count(root: Path) -> int | None:
-    try:
-        return sum(json.loads((root / META / ".info.json").read_text())["shard_counts"].values())
-    except (OSError, ValueError, KeyError):
+    """The samples energon's ``.info.json`` counts in the prepared folder ``root`` (for the progress bar), None
+    when the folder is not prepared."""
+    if not (root / META).exists():
         return None
+    return sum(read_shard_counts(root).values())
 
 
 def _sha1(f: BinaryIO) -> str:

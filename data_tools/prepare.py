@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 from tokenizer_posttrain.core.errors import DataError
+from tokenizer_posttrain.data.layout import check_prepared, read_shard_counts
 
 from .sources import assign_splits
 
@@ -60,14 +61,14 @@ def find_shards(root: Path) -> list[str]:
 
 
 def is_prepared(root: Path, shards: list[str]) -> bool:
-    """Whether ``root/.nv-meta`` describes exactly these shards as a CrudeWebdataset."""
-    meta = root / META
+    """Whether ``root/.nv-meta`` describes exactly these shards as the CrudeWebdataset prepare writes (its files
+    as training accepts them: :func:`~tokenizer_posttrain.data.layout.check_prepared`, which reads no FIFO)."""
     try:
-        info = json.loads((meta / ".info.json").read_text())
-        dataset = (meta / "dataset.yaml").read_text()
-    except (OSError, ValueError):
+        check_prepared(root)
+        counts = read_shard_counts(root)
+    except DataError:
         return False
-    return (meta / "split.yaml").is_file() and "CrudeWebdataset" in dataset and set(info["shard_counts"]) == set(shards)
+    return set(counts) == set(shards)
 
 
 def energon_prepare(root: Path, splits: dict[str, list[str]]) -> None:

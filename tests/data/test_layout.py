@@ -13,6 +13,9 @@ def test_unprepared_folders_have_no_splits(tmp_path: Path) -> None:
 
 def test_splits_with_shards_are_listed(tmp_path: Path) -> None:
     (tmp_path / ".nv-meta").mkdir()
+    # The rest of what prepare writes: split_parts checks a prepared folder whole.
+    (tmp_path / ".nv-meta" / "dataset.yaml").write_text("__module__: megatron.energon\n__class__: CrudeWebdataset\n")
+    (tmp_path / ".nv-meta" / ".info.json").write_text('{"shard_counts": {"000000.tar": 1}}')
     (tmp_path / ".nv-meta" / "split.yaml").write_text(
         "split_parts:\n  train: ['{000000..000002}.tar']\n  val: ['000003.tar']\n  test: []\n"
     )

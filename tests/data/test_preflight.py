@@ -99,7 +99,7 @@ def test_shards_rewritten_with_more_samples_are_refused(two_shards: Path) -> Non
         _preflight(two_shards, max_skip_fraction=0.2, samples=0)
     message = str(err.value)
     assert "\n" not in message and "train0.tar: tar shard changed since it was prepared: it holds n100.mp4" in message
-    assert "after the 10 samples its index lists" in message and "(1 more train shards changed: train1.tar)" in message
+    assert "after the 10 samples its index lists" in message and "(1 more shards changed: train1.tar)" in message
     # A cut shard is not a changed one: its whole samples are where its index says.
     cut_inside_sample(two_shards / "train0.tar", 4)
     change = index_change(two_shards / "train0.tar", every_sample=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
 import tarfile
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.data.test_dataset_files import finishes, make_prepared, plant
 from tests.data.test_preflight import other_videos, rewrite_shard, shard_videos
 from tests.data.test_task_encoder import write_planted_dataset
 from tests.videos import bigbuckbunny, cut_inside_sample, encode_video, faststart, write_energon_dataset
@@ -249,3 +251,41 @@ def test_check_refuses_shards_rewritten_with_more_samples(two_shards: Path, caps
     changed = _changed(report)
     assert set(changed) == {"train0.tar", "train1.tar"}
     assert "it holds n120.mp4 and more after the 10 samples its index lists" in changed["train1.tar"]
+
+
+@pytest.fixture
+def prepared(tmp_path: Path) -> Path:
+    return make_prepared(tmp_path)
+
+
+@pytest.mark.parametrize("case", ["nested_os_system", "sample_loader"])
+def test_check_refuses_a_dataset_yaml_that_names_code(
+    prepared: Path, tmp_path: Path, capsys: pytest.CaptureFixture, case: str
+) -> None:
+    # Before: "all usable", exit 0, for a folder whose dataset.yaml makes energon run code at the launch.
+    marker = tmp_path / "marker"
+    said = plant(prepared, case, marker)
+    report = tmp_path / "report.jsonl"
+    status, out, err = run_main(capsys, "check", prepared, "--frames", "9", "--crop", "32", "--report", report)
+    assert status == 1 and out == "" and not marker.exists()
+    assert err.startswith(f"error: refusing {prepared / '.nv-meta' / 'dataset.yaml'}: {said}")
+    assert err.count("\n") == 1 and f"run python -m data_tools prepare {prepared} again" in err
+
+
+@pytest.mark.parametrize("name", ["train0.tar.idx", ".nv-meta/.info.json", ".nv-meta/split.yaml"])
+def test_check_refuses_a_fifo_instead_of_waiting_on_it(
+    prepared: Path, tmp_path: Path, capsys: pytest.CaptureFixture, name: str
+) -> None:
+    # Before: check blocked for ever reading train0.tar.idx (read_bytes) or .info.json (read_text).
+    fifo = prepared / name
+    fifo.unlink()
+    os.mkfifo(fifo)
+    report = tmp_path / "report.jsonl"
+    found: list[tuple[int, str, str]] = []
+    finishes(
+        lambda: found.append(run_main(capsys, "check", prepared, "--frames", "9", "--crop", "32", "--report", report)),
+        fifo,
+    )
+    status, _, err = found[0]
+    assert status == 1 and err.count("\n") == 1
+    assert err.startswith(f"error: {fifo} is a FIFO, not a regular file: ")

@@ -14,7 +14,7 @@ from ..core.errors import CheckpointError, UserError
 from ..core.untrusted import skip_pickled_state
 from .batch import PREFETCH
 from .energon_state import from_plain, to_plain
-from .layout import dataset_splits
+from .layout import check_prepared, dataset_splits
 from .task_encoder import ClipSpec, VideoClipTaskEncoder
 
 _STATE_KEY = "energon_loader_state"
@@ -137,6 +137,9 @@ class EnergonVideoDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> Any:
         if self._train_loader is None:
+            # energon runs the code its config files name: they are checked here too, not only at the preflight,
+            # for every caller that builds this module.
+            check_prepared(self.path)
             dataset = get_train_dataset(
                 self.path,
                 worker_config=self._worker_config(self.num_workers),
@@ -156,7 +159,7 @@ class EnergonVideoDataModule(pl.LightningDataModule):
         return _Stream(self._train_loader)
 
     def val_dataloader(self) -> Any:
-        if not self.has_validation:
+        if not self.has_validation:  # its check_prepared reads the dataset's files before energon does
             return []
         spec = ClipSpec(**{**self.spec.__dict__, "random_crop": False, "hflip": False, "crops_per_decode": 1})
         dataset = get_val_dataset(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -13,7 +12,7 @@ from typing import Any
 
 from ..core.errors import DataError
 from .batch import PREFETCH
-from .layout import SPLIT_FILE, split_parts
+from .layout import SPLIT_FILE, read_shard_counts, split_parts
 from .shard_check import FIX, index_change, indexed_damage, whole_members
 
 # The video stack (PyAV, energon's helpers) is imported where it is used: runs on synthetic
@@ -23,6 +22,15 @@ VIDEO_SUFFIXES = (".mp4", ".mov", ".m4v", ".mkv", ".webm", ".avi")
 
 def train_shards(path: str | Path) -> list[Path]:
     """The train shards of a prepared energon dataset (clear error when it is not one)."""
+    shards = split_shards(path, "train")
+    if not shards:
+        raise DataError(f"{Path(path) / SPLIT_FILE} lists no train shards; re-run python -m data_tools make-shards")
+    return shards
+
+
+def split_shards(path: str | Path, split: str) -> list[Path]:
+    """The shards of ``split`` of a prepared energon dataset, none when it has no such split; its files are
+    checked first (:func:`~.layout.split_parts`: nothing in them may name code), and every shard must be there."""
     root = Path(path)
     if not root.is_dir():
         raise DataError(f"data.path={root} does not exist or is not a folder")
@@ -35,12 +43,10 @@ def train_shards(path: str | Path) -> list[Path]:
     from braceexpand import braceexpand
 
     # energon writes shard lists with brace ranges, e.g. "{000000..000009}.tar"
-    shards = [root / name for pattern in parts.get("train", []) for name in braceexpand(pattern)]
-    if not shards:
-        raise DataError(f"{root / SPLIT_FILE} lists no train shards; re-run python -m data_tools make-shards")
+    shards = [root / name for pattern in parts.get(split, []) for name in braceexpand(pattern)]
     missing = [str(s) for s in shards if not s.is_file()]
     if missing:
-        raise DataError(f"{root}: train shards listed in split.yaml are missing: {', '.join(missing[:5])}")
+        raise DataError(f"{root}: {split} shards listed in split.yaml are missing: {', '.join(missing[:5])}")
     return shards
 
 
@@ -49,7 +55,7 @@ def check_worker_share(path: str | Path, world_size: int, num_workers: int) -> i
     repeat an empty share: there must be at least one sample per worker. Returns the count."""
     root = Path(path)
     shards = train_shards(root)
-    counts = json.loads((root / ".nv-meta" / ".info.json").read_text()).get("shard_counts", {})
+    counts = read_shard_counts(root)
     total = sum(counts.get(shard.name, 0) for shard in shards)
     workers = world_size * max(1, num_workers)
     if total < workers:
@@ -135,21 +141,30 @@ def _sample_members(shards: list[Path], count: int, seed: int, unreadable: list[
     return picked[:count]
 
 
-def check_shards(path: str | Path, shards: list[Path], max_skip_fraction: float) -> list[str]:
-    """Compare every train shard with its energon index (a stat, an index read and a few tar headers each):
-    raise :class:`DataError` when a shard was replaced or rewritten since it was prepared (energon would read
-    what its old index lists: :func:`~.shard_check.index_change`), or when the samples lost in cut-short shards
-    are more than ``max_skip_fraction`` of the train samples; else return one warning line per damaged shard
-    (training skips the lost samples and counts them)."""
+def check_shards(
+    path: str | Path, shards: list[Path], max_skip_fraction: float, val_shards: list[Path] | None = None
+) -> list[str]:
+    """Compare every train shard, and every validation shard of ``val_shards``, with its energon index (a stat,
+    an index read and a few tar headers each): raise :class:`DataError` when a shard was replaced or rewritten
+    since it was prepared (energon would read what its old index lists: :func:`~.shard_check.index_change`), or
+    when the samples lost in cut-short train shards are more than ``max_skip_fraction`` of the train samples;
+    else return one warning line per damaged shard (training and validation skip the lost samples and count
+    them)."""
     root = Path(path)
-    changed = [c for c in map(index_change, shards) if c is not None]
+    val_shards = val_shards or []
+    changed = [c for c in map(index_change, [*shards, *val_shards]) if c is not None]
     if changed:
-        more = f" ({len(changed) - 1} more train shards changed: {', '.join(c.shard for c in changed[1:4])})"
+        more = f" ({len(changed) - 1} more shards changed: {', '.join(c.shard for c in changed[1:4])})"
         raise DataError(f"data.path={root}: {changed[0].message(root)}{more if len(changed) > 1 else ''}")
     damaged = [d for d in map(indexed_damage, shards) if d is not None]
+    val_lines = [
+        f"{d.shard}: {d.message()} (validation skips the {d.lost} lost samples)"
+        for d in map(indexed_damage, val_shards)
+        if d is not None
+    ]
     if not damaged:
-        return []
-    counts = json.loads((root / ".nv-meta" / ".info.json").read_text()).get("shard_counts", {})
+        return val_lines
+    counts = read_shard_counts(root)
     total = sum(counts.get(shard.name, 0) for shard in shards)
     lost = sum(d.lost or 0 for d in damaged)
     named = "; ".join(f"{d.shard}: {d.message()}" for d in damaged[:3])
@@ -159,7 +174,7 @@ def check_shards(path: str | Path, shards: list[Path], max_skip_fraction: float)
             f"data.path={root}: {lost} of {total} training samples are lost in damaged tar shards, more than "
             f"data.max_skip_fraction={max_skip_fraction}: {named}{more}"
         )
-    return [f"{d.shard}: {d.message()} (training skips the {d.lost} lost samples)" for d in damaged]
+    return [f"{d.shard}: {d.message()} (training skips the {d.lost} lost samples)" for d in damaged] + val_lines
 
 
 def preflight(
@@ -172,13 +187,13 @@ def preflight(
     max_skip_fraction: float,
     seed: int = 0,
 ) -> list[str]:
-    """Check every train shard against its index (:func:`check_shards`), then probe a sample of the
-    train videos; raise :class:`DataError` when too many cannot give a ``frames x height x width``
+    """Check every train and validation shard against its index (:func:`check_shards`), then probe a sample of
+    the train videos; raise :class:`DataError` when too many cannot give a ``frames x height x width``
     clip. Returns the problems found (to warn about)."""
     from .probe import VideoProbeError, clip_problems, probe_video
 
     shards = train_shards(path)
-    damaged = check_shards(path, shards, max_skip_fraction)
+    damaged = check_shards(path, shards, max_skip_fraction, split_shards(path, "val"))
     if samples <= 0:
         return damaged
     unreadable: list[str] = []

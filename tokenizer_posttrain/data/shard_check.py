@@ -18,9 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from .layout import read_dataset_file
+
 INDEX_SUFFIX = ".tar.idx"
 """energon's per-shard index: one little-endian uint64 byte offset per sample, plus the end of the last."""
 FIX = "re-create it (python -m data_tools make-shards) or restore the file"
+INDEX_BYTES = 64 << 20
+"""Largest index read: 8 million samples in one shard, far more than any shard holds."""
 _END_OF_ARCHIVE = 2 * tarfile.BLOCKSIZE  # two zero blocks close every tar written by tarfile and GNU tar
 
 
@@ -49,11 +53,14 @@ class ShardDamage:
 
 
 def index_offsets(shard: Path) -> tuple[int, ...] | None:
-    """The sample byte offsets of energon's index beside ``shard`` (count + 1 of them), or None."""
+    """The sample byte offsets of energon's index beside ``shard`` (count + 1 of them), or None when there is no
+    index. An index that is no regular file of at most :data:`INDEX_BYTES` (a FIFO would block this read and
+    energon's) raises a one-line :class:`~tokenizer_posttrain.core.errors.DataError` naming it."""
     index = shard.with_name(shard.name.removesuffix(".tar") + INDEX_SUFFIX)
+    fix = f"run python -m data_tools prepare on the dataset folder again (it writes each {INDEX_SUFFIX} anew)"
     try:
-        raw = index.read_bytes()
-    except OSError:
+        raw = read_dataset_file(index, INDEX_BYTES, fix)
+    except FileNotFoundError:
         return None
     if len(raw) < 16 or len(raw) % 8:
         return None
