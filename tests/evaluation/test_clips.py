@@ -47,3 +47,31 @@ def test_the_ordered_pass_repeats_and_a_seed_draws_other_crops(train_only: Path)
 def test_a_folder_that_is_not_a_dataset_says_how_to_make_one(tmp_path: Path) -> None:
     with pytest.raises(EvaluationError, match=r"not an energon dataset .*make-shards"):
         open_clips(str(tmp_path), 9, 32, 32, None, [])
+
+
+def test_a_fifo_index_is_refused_not_waited_on(train_only: Path, tmp_path: Path) -> None:
+    # Before: evaluate opened a FIFO planted as a shard's index and waited for a writer.
+    import os
+    import shutil
+    import threading
+
+    from tokenizer_posttrain.core.errors import UserError
+
+    data = tmp_path / "data"
+    shutil.copytree(train_only, data)
+    (data / "train.tar.idx").unlink()
+    os.mkfifo(data / "train.tar.idx")
+    raised: list[BaseException] = []
+    reader = threading.Thread(target=lambda: raised.append(_error(data)), daemon=True)
+    reader.start()
+    reader.join(timeout=20)
+    assert not reader.is_alive() and isinstance(raised[0], UserError)
+    assert f"{data / 'train.tar.idx'} is a FIFO, not a regular file" in str(raised[0])
+
+
+def _error(data: Path) -> BaseException | None:
+    try:
+        open_clips(str(data), 9, 32, 32, None, [])
+    except Exception as err:  # noqa: BLE001 - the test looks at whatever was raised
+        return err
+    return None

@@ -38,6 +38,8 @@ def open_clips(
 
     from ..data.batch import KEYS, SKIPPED, VIDEO
     from ..data.layout import dataset_splits
+    from ..data.preflight import split_shards
+    from ..data.shard_check import index_change
     from ..data.task_encoder import ClipSpec, VideoClipTaskEncoder
 
     path = Path(data).expanduser()
@@ -50,6 +52,11 @@ def open_clips(
     if not {"val", "train"} & splits:
         raise EvaluationError(f"{path} is an energon dataset without a train or val split (see .nv-meta/split.yaml)")
     split = prefer if prefer in splits else ({"val", "train"} - {prefer}).pop()
+    # As the launch does: each shard against its index (a FIFO index is refused, never waited on), so a shard
+    # replaced since prepare is not evaluated on what its old index lists.
+    changed = [c for c in map(index_change, split_shards(path, split)) if c is not None]
+    if changed:
+        raise EvaluationError(f"{path}: {changed[0].message(path)}")
     encoder = VideoClipTaskEncoder(
         ClipSpec(frames, height, width, resize_short_side=resize_short_side, random_crop=seed is not None)
     )
