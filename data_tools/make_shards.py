@@ -13,6 +13,7 @@ import av
 from tqdm import tqdm
 
 from tokenizer_posttrain.core.errors import DataError
+from tokenizer_posttrain.core.untrusted import read_regular_file, why_unreadable
 from tokenizer_posttrain.data.probe import VideoInfo, VideoProbeError, probe_video
 
 from .prepare import energon_prepare, find_shards, is_prepared
@@ -21,6 +22,8 @@ from .sources import COPY_SUFFIXES, assign_keys, assign_splits, find_videos
 from .transcode import transcode
 
 SETTINGS = "make_shards.json"
+MAX_SETTINGS_BYTES = 1 << 20
+"""The largest make_shards.json read (make-shards writes a few hundred bytes)."""
 SKIPPED = "skipped.jsonl"
 TRANSCODE_TMP = ".transcode.tmp"
 _OUR_TMP = re.compile(r"(\d+\.tar|manifest\.jsonl)\.tmp|\.transcode\.tmp")
@@ -57,8 +60,11 @@ def _write_if_changed(path: Path, text: str) -> None:
 def _read_settings(path: Path) -> dict:
     """The options ``path`` (make_shards.json) records; :class:`DataError` naming it when it is not what
     make-shards writes."""
+    fix = "delete it (make-shards writes it again with the options of this run) or choose a new OUT folder"
     try:
-        saved = json.loads(path.read_bytes())
+        saved = json.loads(read_regular_file(path, MAX_SETTINGS_BYTES))
+    except OSError as err:  # a FIFO (never waited on), a folder, a link, a huge file
+        raise DataError(f"{why_unreadable(path, err)}: {fix}") from None
     except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8 text
         problem = (
             f"is not valid JSON ({err.msg}: line {err.lineno} column {err.colno})"
@@ -69,16 +75,13 @@ def _read_settings(path: Path) -> dict:
         if isinstance(saved, dict):
             return saved
         problem = f"holds a JSON {type(saved).__name__}, not the object of options make-shards writes"
-    raise DataError(
-        f"{path} {problem}: delete it (make-shards writes it again with the options of this run) or choose a new "
-        "OUT folder"
-    )
+    raise DataError(f"{path} {problem}: {fix}")
 
 
 def _check_settings(out: Path, src: Path, opts: Options) -> None:
     path = out / SETTINGS
     wanted = {name: getattr(opts, name) for name in _PACKING}
-    if path.is_file():
+    if path.exists() or path.is_symlink():  # whatever is there is read, or refused (a FIFO would block a write)
         saved = _read_settings(path)
         diff = {k: (saved.get(k), v) for k, v in wanted.items() if saved.get(k) != v}
         if diff:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import subprocess
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -359,17 +361,30 @@ def test_a_broken_manifest_line_is_named_in_one_line(tmp_path: Path, capsys: pyt
         (b'{"fps": ', "is not valid JSON (Expecting value: line 1 column 9)"),
         (b'["a", "list"]', "holds a JSON list, not the object of options make-shards writes"),
         (b'{"src": "\xff"}', "is not UTF-8 text"),
+        (None, "is a FIFO, not a regular file"),  # before: make-shards waited for a writer
     ],
 )
 def test_a_broken_settings_file_is_named_in_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture, content: bytes, problem: str
+    tmp_path: Path, capsys: pytest.CaptureFixture, content: bytes | None, problem: str
 ) -> None:
-    # Before: a JSONDecodeError (or AttributeError on a list) traceback from make-shards.
+    # Before: a JSONDecodeError (or AttributeError on a list) traceback from make-shards; a FIFO blocked it.
     src, out = tmp_path / "src", tmp_path / "out"
     write_video(src / "a.mp4", 8, 32, 32)
     out.mkdir()
-    (out / "make_shards.json").write_bytes(content)
-    status, said, err = run_main(capsys, "make-shards", src, out, "--val-fraction", "0")
+    if content is None:
+        os.mkfifo(out / "make_shards.json")
+    else:
+        (out / "make_shards.json").write_bytes(content)
+    results: list[tuple[int, str, str]] = []
+    runner = threading.Thread(
+        target=lambda: results.append(run_main(capsys, "make-shards", src, out, "--val-fraction", "0")), daemon=True
+    )
+    runner.start()
+    runner.join(timeout=30)
+    if runner.is_alive():  # blocked on the FIFO: open its other end so the thread ends, then fail
+        os.close(os.open(out / "make_shards.json", os.O_RDWR | os.O_NONBLOCK))
+        pytest.fail("make-shards waited on a FIFO make_shards.json")
+    status, said, err = results[0]
     assert status == 1 and said == "" and "Traceback" not in err and err.count("\n") == 1
     assert err == (
         f"error: {out / 'make_shards.json'} {problem}: delete it (make-shards writes it again with the options of "

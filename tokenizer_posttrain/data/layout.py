@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from ..core.errors import DataError
-from ..core.untrusted import read_regular_file
+from ..core.untrusted import read_regular_file, why_unreadable
 
 META = Path(".nv-meta")
 SPLIT_FILE = META / "split.yaml"
@@ -61,11 +61,7 @@ def read_dataset_file(path: Path, max_bytes: int, fix: str) -> bytes:
     except FileNotFoundError:
         raise
     except OSError as err:
-        why = err.strerror or str(err)
-        # open_regular says what is there ("is a FIFO, not a regular file"); the system says why it cannot open.
-        raise DataError(
-            f"{path} {why}: {fix}" if why.startswith("is ") else f"cannot read {path} ({why}): {fix}"
-        ) from None
+        raise DataError(f"{why_unreadable(path, err)}: {fix}") from None
 
 
 def _show(value: Any) -> str:
