@@ -65,6 +65,8 @@ def _read_settings(path: Path) -> dict:
         saved = json.loads(read_regular_file(path, MAX_SETTINGS_BYTES))
     except OSError as err:  # a FIFO (never waited on), a folder, a link, a huge file
         raise DataError(f"{why_unreadable(path, err)}: {fix}") from None
+    except RecursionError:
+        raise DataError(f"{path} nests its JSON too deeply to read: {fix}") from None
     except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8 text
         problem = (
             f"is not valid JSON ({err.msg}: line {err.lineno} column {err.colno})"

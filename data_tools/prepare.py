@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 from tokenizer_posttrain.core.errors import DataError
+from tokenizer_posttrain.core.untrusted import special_file
 from tokenizer_posttrain.data.layout import check_prepared, read_shard_counts
 
 from .sources import assign_splits
@@ -92,6 +93,11 @@ def energon_prepare(root: Path, splits: dict[str, list[str]]) -> None:
             args += ["--split-parts", f"{split}:{split_pattern(names)}"]
     if (root / META).exists():
         args.append("--force-overwrite")  # without it a prepared folder is refused; we own this preparation
+        for planted in (root / META).iterdir():
+            # energon opens its files there for writing: a FIFO in their place would block it for ever, and a link
+            # would have it write wherever the link points.
+            if planted.is_symlink() or (special_file(planted) is not None and not planted.is_dir()):
+                planted.unlink()
     args.append(str(root))
     if threading.active_count() > 1:
         _prepare_in_fresh_process(root, args)
@@ -161,6 +167,8 @@ def read_manifest(root: Path, required: dict[str, type] | None = None) -> list[d
             problem = f"is not valid JSON ({err.msg}: column {err.colno})"
         except ValueError:  # bytes that are not UTF-8 text
             problem = "is not UTF-8 text"
+        except RecursionError:
+            problem = "nests its JSON too deeply to read"
         else:
             missing = [f'"{key}"' for key, kind in required.items() if not isinstance(_get(entry, key), kind)]
             if not missing:

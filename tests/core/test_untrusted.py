@@ -76,3 +76,14 @@ def test_a_fifo_or_folder_as_a_torch_file_is_refused_without_opening_it(tmp_path
         assert str(refused.value) == (
             f"{tmp_path / name} is {what}, not a regular file; give the path of the checkpoint file itself"
         )
+
+
+def test_a_path_that_cannot_be_stat_ed_is_described_not_raised(tmp_path: Path) -> None:
+    # Before: a loop of links or a NUL in the name raised from os.stat, a traceback wherever it was asked.
+    from tokenizer_posttrain.core.untrusted import special_file
+
+    os.symlink(tmp_path / "b", tmp_path / "a")
+    os.symlink(tmp_path / "a", tmp_path / "b")
+    assert special_file(tmp_path / "a").startswith("a path that cannot be read (")
+    assert special_file("bad\0name").startswith("a path that cannot be read (")
+    assert special_file(tmp_path / "none") is None

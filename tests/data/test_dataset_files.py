@@ -142,8 +142,18 @@ def test_datasets_as_prepare_writes_them_still_load(prepared: Path) -> None:
         (
             "split.yaml",
             "split_parts: &a\n  train: [train0.tar]\n  val: [val.tar]\nexclude: *a\n",
-            "reads differently with energon's YAML reader",
+            "uses YAML aliases (*name), which prepare never writes",
         ),
+        (  # nine levels of nine aliases: 9**9 strings once expanded, which printing or comparing would do
+            "dataset.yaml",
+            PREPARED_YAML
+            + "x0: &x0 [lol]\n"
+            + "".join(f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 9)}]\n" for i in range(1, 10)),
+            "uses YAML aliases",
+        ),
+        ("dataset.yaml", "[" * 5000 + "]" * 5000, "nests its YAML too deeply to read"),  # was a RecursionError
+        ("split.yaml", "split_parts:\n  train: ['{0..99999999999}.tar']\n", "lists more than 100000 shards"),
+        (".info.json", "[" * 100_000, "nests its JSON too deeply to read"),  # was a RecursionError
         (
             "split.yaml",
             "split_parts:\n  train: [train0.tar]\nsample_loader: x.py:f\n",

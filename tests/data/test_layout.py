@@ -21,3 +21,10 @@ def test_splits_with_shards_are_listed(tmp_path: Path) -> None:
     )
     assert split_parts(tmp_path)["train"] == ["{000000..000002}.tar"]
     assert dataset_splits(tmp_path) == {"train", "val"}
+
+
+def test_a_changed_shard_is_told_in_one_line_whatever_its_member_names() -> None:
+    from tokenizer_posttrain.data.shard_check import ShardChange
+
+    message = ShardChange("train0.tar", "it holds " + "x\n" * 500 + " and more").message("/data")
+    assert "\n" not in message and len(message) < 500 and message.startswith("train0.tar: tar shard changed")

@@ -18,7 +18,7 @@ from data_tools.__main__ import main
 from data_tools.shards import Packed, ShardWriter
 from tests.conftest import ROOT, captured_output, run_script
 from tests.data.test_probe import audio_only_mp4
-from tests.videos import encode_video, write_video
+from tests.videos import encode_video, write_energon_dataset, write_video
 from tokenizer_posttrain.data.probe import probe_video
 
 
@@ -390,3 +390,24 @@ def test_a_broken_settings_file_is_named_in_one_line(
         f"error: {out / 'make_shards.json'} {problem}: delete it (make-shards writes it again with the options of "
         "this run) or choose a new OUT folder\n"
     )
+
+
+def test_prepare_again_replaces_a_fifo_or_a_link_in_nv_meta(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # Before: energon opened the FIFO for writing and waited for ever; through a link it would write elsewhere.
+    data = write_energon_dataset(tmp_path / "data", {"a": encode_video(8, 32, 32)})
+    meta, victim = data / ".nv-meta", tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (meta / "dataset.yaml").unlink()
+    os.mkfifo(meta / "dataset.yaml")
+    (meta / "split.yaml").unlink()
+    (meta / "split.yaml").symlink_to(victim)
+    results: list[tuple[int, str, str]] = []
+    runner = threading.Thread(target=lambda: results.append(run_main(capsys, "prepare", data)), daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    if runner.is_alive():  # blocked on the FIFO: open its other end so the thread ends, then fail
+        os.close(os.open(meta / "dataset.yaml", os.O_RDWR | os.O_NONBLOCK))
+        pytest.fail("prepare waited on a FIFO in .nv-meta")
+    assert results[0][0] == 0, results[0]
+    assert victim.read_text() == "keep me"
+    assert (meta / "dataset.yaml").is_file() and not (meta / "split.yaml").is_symlink()

@@ -199,3 +199,12 @@ def test_a_decoder_only_run_and_its_export_carry_the_base_statistics(
     assert carry_base_stats("all", base, tmp_path / "other") == []
     assert carry_base_stats("encoder", base / "autoencoder.jit", tmp_path / "other") == []
     assert not (tmp_path / "other").exists()
+
+
+def test_empty_statistics_are_refused_in_one_line(tmp_path: Path) -> None:
+    # Before: a RuntimeError traceback reshaping them (posttrain's base check is meant to say it in one line).
+    from tokenizer_posttrain.evaluation.latent_stats import read_latent_stats
+
+    torch.save((torch.zeros(0), torch.zeros(0)), tmp_path / "mean_std.pt")
+    with pytest.raises(CheckpointError, match=r"mean_std\.pt holds empty statistics"):
+        read_latent_stats(tmp_path)

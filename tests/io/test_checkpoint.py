@@ -1,5 +1,6 @@
 """Strict loading from every supported source, and clear errors for every bad one."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -199,3 +200,17 @@ def test_a_bytes_entry_of_no_use_is_ignored(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
     torch.save(_training_checkpoint(planted=b"\x80\x04.", callbacks={"ModelCheckpoint": {"planted": b"."}}), path)
     assert load_tokenizer(path).config.name == "CV8x8x8"
+
+
+def test_lora_adapters_without_their_settings_are_one_line(tmp_path: Path) -> None:
+    # Before: a KeyError or ZeroDivisionError traceback folding the adapters.
+    state = {"network.decoder.conv_out.weight": torch.zeros(3, 4, 1, 1, 1)}
+    state["network.decoder.conv_out.lora_down.weight"] = torch.zeros(2, 4, 1, 1, 1)
+    for lora, said in (
+        ({}, "no usable hyper_parameters.model.lora alpha and rank (None, None)"),
+        ({"alpha": 1.0, "rank": 0}, "(1.0, 0)"),
+        ({"alpha": 1.0, "rank": 2}, "the LoRA adapter 'decoder.conv_out' lacks its up or base weight"),
+    ):
+        torch.save({"state_dict": state, "hyper_parameters": {"model": {"lora": lora}}}, tmp_path / "l.ckpt")
+        with pytest.raises(CheckpointError, match=re.escape(said)):
+            load_tokenizer(tmp_path / "l.ckpt")

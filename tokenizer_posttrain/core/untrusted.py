@@ -57,12 +57,12 @@ def load_torch_file(path: str | Path, mmap: bool = False) -> Any:
                 "planted in it). Use a checkpoint you trust, or an export (model.safetensors)"
             ) from None
         raise CheckpointError(
-            f"refusing to load {path}: it holds a pickled Python object ({found.group(1)}), not only tensors and "
+            f"refusing to load {path}: it holds a pickled Python object ({_cut(found.group(1))}), not only tensors and "
             "plain data, and unpickling it could run code planted in the file. Checkpoints written by "
             "tokenizer-posttrain never hold one: use a checkpoint you trust, or an export (model.safetensors)"
         ) from None
     except Exception as err:  # noqa: BLE001 - torch raises many types for damaged archives
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = _cut(str(err).strip().splitlines()[0]) if str(err).strip() else type(err).__name__
         raise CheckpointError(
             f"cannot read {path}: {first}. The file looks truncated or is not a torch checkpoint."
         ) from err
@@ -106,7 +106,9 @@ def special_file(path: str | Path) -> str | None:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        return f"a link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else None
+        return f"a link to {_cut(os.readlink(path))}, which does not exist" if os.path.islink(path) else None
+    except (OSError, ValueError) as err:  # a loop of links, no permission, a NUL in the name
+        return f"a path that cannot be read ({getattr(err, 'strerror', None) or err})"
     return None if stat.S_ISREG(mode) else _kind(mode)
 
 
@@ -142,3 +144,8 @@ def why_unreadable(path: str | Path, err: OSError | ValueError) -> str:
     :func:`open_regular`), "cannot open P: Permission denied"."""
     why = getattr(err, "strerror", None) or str(err)  # ValueError: a NUL in the path
     return f"{path} {why}" if why.startswith("is ") else f"cannot open {path}: {why}"
+
+
+def _cut(text: str, most: int = 120) -> str:
+    """``text`` from a file (a name, torch's complaint about it) cut for a one-line message."""
+    return text if len(text) <= most else text[: most - 3] + "..."

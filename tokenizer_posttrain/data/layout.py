@@ -15,6 +15,8 @@ Plain files and YAML only; energon's own YAML reader is imported (lazily) to see
 from __future__ import annotations
 
 import json
+import re
+import reprlib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -42,6 +44,9 @@ _DATASET_YAML_BYTES = 64 << 10
 """Largest dataset.yaml read: the one prepare writes is two lines."""
 INFO_BYTES = 64 << 20
 """Largest .info.json read (a line per shard)."""
+MAX_SHARD_NAMES = 100_000
+"""Most shard names one brace pattern of split.yaml may expand to (prepare writes one pattern per run of shards)."""
+_NUMERIC_RANGE = re.compile(r"\{(-?\d{1,30})\.\.(-?\d{1,30})(?:\.\.(-?\d{1,30}))?\}")
 _SHOWN = 60
 """Characters of a value quoted in a message."""
 
@@ -64,9 +69,14 @@ def read_dataset_file(path: Path, max_bytes: int, fix: str) -> bytes:
         raise DataError(f"{why_unreadable(path, err)}: {fix}") from None
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 6, 6, _SHOWN, _SHOWN
+
+
 def _show(value: Any) -> str:
-    """``value`` quoted on one line, cut to a readable length."""
-    text = repr(value)
+    """``value`` quoted on one line, cut to a readable length (its nesting and lists cut too: a value built from
+    shared parts would print for ever)."""
+    text = " ".join(_REPR.repr(value).split())
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
 
 
@@ -75,12 +85,18 @@ def _load_yaml(path: Path, raw: bytes, fix: str) -> Any:
     reads it (its ``load_yaml``, rapidyaml): the two must agree, or the checks here would judge another file than
     the one energon uses. :class:`DataError` naming ``path`` when it is no YAML, or when they differ."""
     try:
+        # Aliases first, from the parser's events (linear): a file that repeats an anchor inside anchors is
+        # small, but reading or comparing it expands every repeat. prepare writes none.
+        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(raw, Loader=yaml.SafeLoader)):
+            raise DataError(f"{path} uses YAML aliases (*name), which prepare never writes: {fix}")
         data = yaml.safe_load(raw)
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
         problem = getattr(err, "problem", None) or type(err).__name__
         raise DataError(f"{path} is not valid YAML ({problem}{at}): {fix}") from None
+    except RecursionError:
+        raise DataError(f"{path} nests its YAML too deeply to read: {fix}") from None
     if data is None:
         return None  # energon's reader cannot read an empty file at all; the caller says what is missing
     from megatron.energon.eyaml import load_yaml
@@ -161,7 +177,13 @@ def _shard_name(path: Path, split: str, pattern: Any, fix: str) -> str:
 
     if not isinstance(pattern, str) or not pattern:
         raise DataError(f"{path}: split {_show(split)} lists {_show(pattern)}, not a shard file name: {fix}")
-    for name in braceexpand(pattern):
+    for low, high, step in _NUMERIC_RANGE.findall(pattern):
+        # braceexpand lists a numeric range whole before yielding its first name: bound it first.
+        if abs(int(high) - int(low)) // max(abs(int(step or 1)), 1) >= MAX_SHARD_NAMES:
+            raise DataError(f"{path}: split {_show(split)} lists more than {MAX_SHARD_NAMES} shards: {fix}")
+    for count, name in enumerate(braceexpand(pattern)):
+        if count >= MAX_SHARD_NAMES:  # {0..99999999999}.tar expands for ever
+            raise DataError(f"{path}: split {_show(split)} lists more than {MAX_SHARD_NAMES} shards: {fix}")
         parts = PurePosixPath(name).parts
         if name.startswith("/") or "\\" in name or ".." in parts or not parts:
             raise DataError(
@@ -214,6 +236,8 @@ def read_shard_counts(root: Path) -> dict[str, int]:
         raise DataError(f"{path} is not valid JSON ({err.msg}: line {err.lineno} column {err.colno}): {fix}") from None
     except ValueError:  # bytes that are not UTF-8 text
         raise DataError(f"{path} is not UTF-8 text: {fix}") from None
+    except RecursionError:
+        raise DataError(f"{path} nests its JSON too deeply to read: {fix}") from None
     counts = info.get("shard_counts") if isinstance(info, dict) else None
     if not isinstance(counts, dict) or not all(
         isinstance(count, int) and not isinstance(count, bool) and count >= 0 for count in counts.values()

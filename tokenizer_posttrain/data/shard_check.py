@@ -102,8 +102,10 @@ class ShardChange:
 
     def message(self, root: Path | str) -> str:
         """One line: the shard, what differs, what to do (``root``: the dataset folder to prepare again)."""
+        detail = " ".join(self.detail.split())  # member names come from the tar: one line, cut
+        detail = detail if len(detail) <= 200 else detail[:197] + "..."
         return (
-            f"{self.shard}: tar shard changed since it was prepared: {self.detail}; energon would read the samples "
+            f"{self.shard}: tar shard changed since it was prepared: {detail}; energon would read the samples "
             f"its old index ({INDEX_SUFFIX}) lists, not the ones it holds now. Run {PREPARE_AGAIN} {root} again"
         )
 
@@ -167,7 +169,7 @@ def _sample_problem(f: BinaryIO, start: int, end: int) -> str | None:
                         keys.append(key)
             else:
                 boundary = tar.offset
-    except (tarfile.TarError, OSError, EOFError) as err:
+    except (tarfile.TarError, OSError, EOFError, ValueError) as err:  # ValueError: a crafted PAX header
         return f"cannot be read as its index says ({type(err).__name__}: {err})"
     if first != start:
         return "does not begin where its index says" if first is not None else "holds no member where its index says"
@@ -185,7 +187,7 @@ def _member_at(f: BinaryIO, offset: int) -> str | None:
         # tarfile, not one header block: a long name sits in an extended header before the member's own.
         with tarfile.open(fileobj=f, mode="r:") as tar:
             member = tar.next()
-    except (tarfile.TarError, OSError, EOFError):
+    except (tarfile.TarError, OSError, EOFError, ValueError):
         return None
     return None if member is None else member.name
 

@@ -289,6 +289,8 @@ def read_latent_stats(checkpoint: str | Path) -> LatentStats | None:
         mean, std = (t.float() for t in value)
         if mean.shape != std.shape:
             raise CheckpointError(f"{folder / name}: mean {tuple(mean.shape)} and std {tuple(std.shape)} differ")
+        if mean.numel() == 0:
+            raise CheckpointError(f"{folder / name} holds empty statistics: compute them again or remove the file")
         return mean, std
 
     mean, std = pair(MEAN_STD)

@@ -196,7 +196,7 @@ class _Structure:
         except InvalidVersion:
             self.refuse(key, f"is {value[:40]!r}, not a version number")
         if older:
-            self.refuse(key, f"is {value}: written by a Lightning older than {MIN_LIGHTNING}")
+            self.refuse(key, f"is {value[:40]}: written by a Lightning older than {MIN_LIGHTNING}")
 
     def loops(self, loops: dict) -> None:
         if "fit_loop" not in loops:
@@ -372,14 +372,22 @@ def _read_lightning(path: Path, ema: bool = False) -> Weights:
         )
     lora = ((ckpt.get("hyper_parameters") or {}).get("model") or {}).get("lora") or {}
     if any(".lora_" in k for k in state):
-        _fold_lora(state, lora["alpha"] / lora["rank"])
+        alpha, rank = lora.get("alpha"), lora.get("rank")
+        if not (_is_number(alpha) and isinstance(rank, int) and not isinstance(rank, bool) and rank > 0):
+            raise CheckpointError(
+                f"{path} holds LoRA adapters but no usable hyper_parameters.model.lora alpha and rank "
+                f"({shown(alpha)}, {shown(rank)}); the file was altered or not written by tokenizer-posttrain"
+            )
+        _fold_lora(state, float(alpha) / rank, path)
     return Weights(state, str(path), _config_from_dict(ckpt.get(CONFIG_KEY), path))
 
 
-def _fold_lora(state: dict[str, Tensor], scale: float) -> None:
+def _fold_lora(state: dict[str, Tensor], scale: float, path: Path) -> None:
     """Fold LoRA adapters of a training checkpoint into their conv weights (up is 1x1x1)."""
     for key in [k for k in state if k.endswith(".lora_down.weight")]:
         base = key[: -len(".lora_down.weight")]
+        if f"{base}.lora_up.weight" not in state or f"{base}.weight" not in state:
+            raise CheckpointError(f"{path}: the LoRA adapter {shown(base)} lacks its up or base weight")
         down, up = state.pop(key).float(), state.pop(f"{base}.lora_up.weight").float()
         weight = state[f"{base}.weight"]
         delta = torch.einsum("or,r...->o...", up.flatten(1), down)

@@ -80,7 +80,7 @@ def _why_unreadable(path: Path, err: CheckpointError) -> str:
     """The reason ``err`` gives why ``path`` cannot be resumed, in a few words: "holds a pickled Python object
     (posix.system)", "truncated or damaged", "not a torch checkpoint", "entry loops is of type bytes, ..."."""
     text = str(err)
-    named = re.search(r"a pickled Python object \([\w.]+\)", text)
+    named = re.search(r"a pickled Python object \([\w.]{1,120}(?:\.\.\.)?\)", text)
     if named:
         return f"holds {named.group(0)}"
     if text.startswith(f"cannot read {path}"):
