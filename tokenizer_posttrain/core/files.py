@@ -25,13 +25,28 @@ def temporary_path(path: Path, keep_suffix: bool = False, tag: str = "tmp") -> P
     return Path(name)
 
 
+def new_file_mode() -> int:
+    """The mode the user's umask gives a new file (0644 under the usual 022). Read from ``/proc`` where there is
+    one: ``os.umask`` can only be read by setting it, which for a moment gives other threads' new files mode 0666."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextmanager
 def atomic_path(
     path: str | os.PathLike, keep_suffix: bool = False, fsync: bool = False, tag: str = "tmp"
 ) -> Iterator[Path]:
-    """Yield a temporary path to write ``path``'s content to (:func:`temporary_path`); on success it is renamed
-    over ``path``, on any failure it is removed. A kill at any moment leaves either the old file or the new one
-    under ``path``, never a truncated one. ``fsync`` flushes the content to disk before the rename."""
+    """Yield a temporary path to write ``path``'s content to (:func:`temporary_path`); on success it is given the
+    mode the umask gives a new file (:func:`new_file_mode`) and renamed over ``path``, on any failure it is
+    removed. A kill at any moment leaves either the old file or the new one under ``path``, never a truncated one.
+    ``fsync`` flushes the content to disk before the rename."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_path(target, keep_suffix, tag)
@@ -40,6 +55,9 @@ def atomic_path(
         if fsync:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
+        # mkstemp made it 0600, private while partial; once whole it gets the mode any new file would, so a team
+        # on a shared cluster can read the exports and checkpoints its umask lets it read.
+        os.chmod(tmp, new_file_mode())
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
