@@ -56,13 +56,14 @@ def load_torch_file(path: str | Path, mmap: bool = False) -> Any:
                 f"{f' ({operand.group(0)})' if operand else ''}, which is never unpickled (that could run code "
                 "planted in it). Use a checkpoint you trust, or an export (model.safetensors)"
             ) from None
+        named = one_line(found.group(1), 120)
         raise CheckpointError(
-            f"refusing to load {path}: it holds a pickled Python object ({_cut(found.group(1))}), not only tensors and "
+            f"refusing to load {path}: it holds a pickled Python object ({named}), not only tensors and "
             "plain data, and unpickling it could run code planted in the file. Checkpoints written by "
             "tokenizer-posttrain never hold one: use a checkpoint you trust, or an export (model.safetensors)"
         ) from None
     except Exception as err:  # noqa: BLE001 - torch raises many types for damaged archives
-        first = _cut(str(err).strip().splitlines()[0]) if str(err).strip() else type(err).__name__
+        first = one_line(str(err).strip().splitlines()[0], 120) if str(err).strip() else type(err).__name__
         raise CheckpointError(
             f"cannot read {path}: {first}. The file looks truncated or is not a torch checkpoint."
         ) from err
@@ -106,7 +107,7 @@ def special_file(path: str | Path) -> str | None:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        return f"a link to {_cut(os.readlink(path))}, which does not exist" if os.path.islink(path) else None
+        return f"a link to {one_line(os.readlink(path), 120)}, which does not exist" if os.path.islink(path) else None
     except (OSError, ValueError) as err:  # a loop of links, no permission, a NUL in the name
         return f"a path that cannot be read ({getattr(err, 'strerror', None) or err})"
     return None if stat.S_ISREG(mode) else _kind(mode)
@@ -146,6 +147,8 @@ def why_unreadable(path: str | Path, err: OSError | ValueError) -> str:
     return f"{path} {why}" if why.startswith("is ") else f"cannot open {path}: {why}"
 
 
-def _cut(text: str, most: int = 120) -> str:
-    """``text`` from a file (a name, torch's complaint about it) cut for a one-line message."""
-    return text if len(text) <= most else text[: most - 3] + "..."
+def one_line(text: str, most: int | None = None) -> str:
+    """``text`` from a file (a name, a complaint about it) fit for a one-line message: its whitespace runs made one
+    space, and cut to ``most`` characters."""
+    text = " ".join(text.split())
+    return text if most is None or len(text) <= most else text[: most - 3] + "..."

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from ..core.errors import DataError
-from ..core.untrusted import read_regular_file, why_unreadable
+from ..core.untrusted import one_line, read_regular_file, why_unreadable
 
 META = Path(".nv-meta")
 SPLIT_FILE = META / "split.yaml"
@@ -76,8 +76,7 @@ _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 
 def _show(value: Any) -> str:
     """``value`` quoted on one line, cut to a readable length (its nesting and lists cut too: a value built from
     shared parts would print for ever)."""
-    text = " ".join(_REPR.repr(value).split())
-    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+    return one_line(_REPR.repr(value), _SHOWN)
 
 
 def _load_yaml(path: Path, raw: bytes, fix: str) -> Any:

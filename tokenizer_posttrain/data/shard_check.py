@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ..core.untrusted import one_line
 from .layout import read_dataset_file
 
 INDEX_SUFFIX = ".tar.idx"
@@ -102,8 +103,7 @@ class ShardChange:
 
     def message(self, root: Path | str) -> str:
         """One line: the shard, what differs, what to do (``root``: the dataset folder to prepare again)."""
-        detail = " ".join(self.detail.split())  # member names come from the tar: one line, cut
-        detail = detail if len(detail) <= 200 else detail[:197] + "..."
+        detail = one_line(self.detail, 200)  # member names come from the tar
         return (
             f"{self.shard}: tar shard changed since it was prepared: {detail}; energon would read the samples "
             f"its old index ({INDEX_SUFFIX}) lists, not the ones it holds now. Run {PREPARE_AGAIN} {root} again"

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import CheckpointError
-from ..core.untrusted import open_regular, why_unreadable
+from ..core.untrusted import one_line, open_regular, why_unreadable
 
 MAX_PICKLE_BYTES = 8 << 20
 """The largest ``data.pkl`` read: the real CV8x8x8's is 62 KB (the tensors are separate records)."""
@@ -76,9 +76,8 @@ class _Refused(Exception):
 
 
 def _shown(name: str) -> str:
-    """A name read from the file, fit for a one-line message (no line breaks, at most 80 characters)."""
-    text = " ".join(name.split())
-    return text if len(text) <= 80 else text[:77] + "..."
+    """A name read from the file, fit for a one-line message."""
+    return one_line(name, 80)
 
 
 @dataclass(frozen=True)
@@ -489,10 +488,6 @@ def _state_dict(archive: _Archive, root: Any) -> dict[str, Tensor]:
     return state
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def read_jit_state(path: str | Path) -> dict[str, Tensor]:
     """The parameters and buffers of the TorchScript module in ``path``, as the ``state_dict`` of the module
     ``torch.jit.load`` would build, read without running anything the archive holds. An archive that holds
@@ -515,14 +510,14 @@ def read_jit_state(path: str | Path) -> dict[str, Tensor]:
                 return _state_dict(reader, root)
         except _Refused as err:
             raise CheckpointError(
-                _one_line(
+                one_line(
                     f"refusing to load {path}: it holds {err}. A TorchScript tokenizer file holds only modules and "
                     "their tensors, and nothing else in it is ever run; use the official files or one you trust"
                 )
             ) from None
         except Exception as err:  # noqa: BLE001 - zipfile, zlib, pickletools and torch raise many types on damage
             raise CheckpointError(
-                _one_line(
+                one_line(
                     f"cannot read {path}: {type(err).__name__}: {str(err)[:160]}. The file looks truncated or damaged, "
                     "or is not a TorchScript archive; download it again (compare its size with the published one)."
                 )
