@@ -1,8 +1,10 @@
-"""What a run reports: learning rates per group, CSV curves, validation videos, wandb offline runs."""
+"""What a run reports: learning rates per group, CSV curves, validation videos, wandb offline runs, progress in a
+terminal and in a log file, the summary and loss curve over every launch of a run."""
 
 from __future__ import annotations
 
 import io
+import re
 import time
 from pathlib import Path
 
@@ -12,10 +14,17 @@ from tests.conftest import fit, read_metrics, run_cli_here
 from tests.training.conftest import no_vgg, tiny
 from tests.training.test_checkpointing import ARGS
 from tests.training.test_step_guard import Recorder, fit_logged
+from tokenizer_posttrain.core.progress import INTERVAL_ENV
 from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
 from tokenizer_posttrain.training.config import OptimConfig
 from tokenizer_posttrain.training.module import TokenizerModel
-from tokenizer_posttrain.training.monitoring import LearningRateLogger, StepProgressBar, ThroughputMonitor
+from tokenizer_posttrain.training.monitoring import (
+    LearningRateLogger,
+    StepProgressBar,
+    ThroughputMonitor,
+    psnr_axis_limits,
+    read_history,
+)
 
 
 def test_learning_rates_are_logged_per_group_at_the_loss_steps(tmp_path: Path) -> None:
@@ -31,19 +40,94 @@ def test_learning_rates_are_logged_per_group_at_the_loss_steps(tmp_path: Path) -
         assert row == pytest.approx({"lr-AdamW/default": 1e-3 * warmup, "lr-AdamW/decoder.": 2e-3 * warmup})
 
 
-def test_the_progress_bar_counts_optimizer_steps_with_the_micro_batches_beside(tmp_path: Path) -> None:
+def _screen_lines(screen: str) -> list[str]:
+    """What a terminal shows line by line of a Rich bar's output: escape sequences out, split at CR and LF."""
+    return [line for line in re.split(r"[\r\n]", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)) if line.strip()]
+
+
+def test_the_progress_bar_counts_optimizer_steps_and_fits_80_columns(tmp_path: Path) -> None:
     # 3 optimizer steps of 4 accumulated micro-batches: Lightning's bar said 12/12, a count max_steps never gives.
+    # At 80 columns it wrapped each redraw into a block of 6 lines (v_num: 0.000, train/loss: over two lines).
     screen = io.StringIO()
-    bar = StepProgressBar(console_kwargs={"file": screen, "force_terminal": True, "width": 200})
+    bar = StepProgressBar(console_kwargs={"file": screen, "force_terminal": True, "width": 80})
     module = TokenizerModel(tiny("CV8x8x8"), loss=no_vgg())
-    fit(module, tmp_path, steps=3, callbacks=[bar], enable_progress_bar=True, accumulate_grad_batches=4)
+    fit(module, tmp_path, steps=3, callbacks=[bar, ThroughputMonitor()], enable_progress_bar=True,
+        accumulate_grad_batches=4, log_every_n_steps=1, logger=Recorder())  # fmt: skip
     task = next(t for t in bar.progress.tasks if t.id == bar.train_progress_bar_id)
     assert (task.total, task.completed) == (3, 3)
-    assert task.fields == {"unit": "steps", "micro": "12/12"}
+    assert task.fields == {"unit": "steps", "micro": "4/4"}
     shown = screen.getvalue()
-    assert "3/3 steps (12/12 micro-batches)" in shown, shown[-2000:]
-    assert "2/3 steps (8/12 micro-batches)" in shown and "12/12 steps" not in shown
-    assert "steps/s" in shown
+    lines = _screen_lines(shown)
+    assert "\x1b[1A" not in shown, lines[-6:]  # one row: Rich never moved the cursor up to redraw a block
+    assert max(len(line) for line in lines) <= 80, lines[-6:]
+    assert "v_num" not in shown and "Epoch" not in shown
+    assert any(line.startswith("train ") and "2/3 steps (micro 2/4) " in line for line in lines), lines
+    assert re.search(r"3/3 steps \(micro 4/4\) \d+:\d\d loss \d\.\d+  [\d.]+ clips/s", lines[-1]), lines[-1]
+
+
+def test_a_run_piped_to_a_log_prints_progress_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    # Piped to a file (Slurm, torchrun), the Rich bar printed nothing until the run ended.
+    from tests.training.conftest import tiny_run
+    from tokenizer_posttrain.training.train import train
+
+    monkeypatch.setenv(INTERVAL_ENV, "0")  # a line at every step; the default is every 30 s
+    validate = {"val_check_interval": 2, "limit_val_batches": 1}
+    train(**tiny_run(tmp_path, steps=3, trainer=validate))
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("[")]
+    assert "\r" not in out and "\x1b" not in out
+    assert lines[0] == "[train] 0/3 steps | elapsed 0:00"
+    assert re.fullmatch(r"\[train\] 1/3 steps \| loss [\d.]+ \| elapsed \d:\d\d \| ETA \d:\d\d", lines[1]), lines
+    progress = r"\| loss [\d.]+ \| clips/s [\d.]+ \| data wait [\d.]+ s \| elapsed \d:\d\d"
+    assert re.fullmatch(rf"\[train\] 2/3 steps {progress} \| ETA \d:\d\d", lines[2]), lines
+    assert re.fullmatch(r"\[val\] step 2 \| .*\| psnr [\d.]+ \| .*took \d:\d\d", lines[3]), lines
+    assert re.fullmatch(rf"\[train\] 3/3 steps {progress}", lines[4]), lines
+    assert "Run finished at step 3 (3 steps in " in out
+
+    # A resumed launch at the default interval: its first line at once, then none for 30 s (the run is shorter).
+    monkeypatch.delenv(INTERVAL_ENV)
+    train(**tiny_run(tmp_path, steps=6, trainer=validate))
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("[train]")]
+    assert lines[0] == "[train] 3/6 steps | elapsed 0:00" and lines[1].startswith("[train] 4/6 steps | loss ")
+    assert len(lines) == 2, lines
+    assert "Run finished at step 6 (this launch: steps 3-6 in " in out
+    # The loss curve and the summary cover the whole run, from every launch's metrics.csv.
+    history = read_history(tmp_path / "run")
+    assert [step for step, _ in history.losses] == [0, 1, 2, 3, 4, 5] and history.launches == [0, 3]
+    logged = read_metrics(tmp_path / "run")
+    assert history.losses == [(int(r["step"]), float(r["train/loss"])) for r in logged if r["train/loss"]]
+    assert [step for step, _ in history.val_psnr] == [1, 3, 5]
+    assert f"loss curve: {tmp_path / 'run' / 'loss_curve.png'} (steps 0-5)" in out
+    assert "train/loss over the run: " in out and "(mean of the first 3 logged steps)" in out
+
+
+def _write_metrics(path: Path, rows: list[dict[str, object]]) -> None:
+    path.mkdir(parents=True)
+    keys = ["epoch", "step", "train/loss", "val/psnr"]
+    text = ",".join(keys) + "\n" + "".join(",".join(str(row.get(k, "")) for k in keys) + "\n" for row in rows)
+    (path / "metrics.csv").write_text(text)
+
+
+def test_the_history_keeps_what_the_resumed_launch_logged_again(tmp_path: Path) -> None:
+    # Launch 0 logged steps 0-5 but saved its checkpoint at step 3 before it was stopped; launch 1 did 3-7 again.
+    _write_metrics(tmp_path / "csv" / "version_0", [{"step": s, "train/loss": 10 + s} for s in range(6)])
+    _write_metrics(
+        tmp_path / "csv" / "version_1",
+        [{"step": s, "train/loss": 20 + s} for s in range(3, 8)] + [{"step": 7, "val/psnr": 30.5}],
+    )
+    (tmp_path / "csv" / "version_2").mkdir()  # a launch that stopped before it logged anything
+    history = read_history(tmp_path)
+    assert history.losses == [(0, 10.0), (1, 11.0), (2, 12.0), (3, 23.0), (4, 24.0), (5, 25.0), (6, 26.0), (7, 27.0)]
+    assert history.val_psnr == [(7, 30.5)] and history.launches == [0, 3]
+
+
+def test_the_psnr_axis_spans_at_least_a_decibel() -> None:
+    # It zoomed into 0.005 dB, so noise looked like a cliff.
+    assert psnr_axis_limits([30.001, 30.006]) == pytest.approx((29.5035, 30.5035))
+    assert psnr_axis_limits([28.0, 31.0]) is None
 
 
 def test_logs_curves_videos_and_wandb_offline(tmp_path: Path) -> None:

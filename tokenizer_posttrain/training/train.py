@@ -36,9 +36,9 @@ from .monitoring import (
     RunSummary,
     SampleTrace,
     SkippedSamples,
-    StepProgressBar,
     ThroughputMonitor,
     loggers,
+    progress_callback,
 )
 from .resume import (
     LAST_CKPT,
@@ -412,7 +412,7 @@ def train(
             SampleTrace(run_dir / "samples"),
             LearningRateLogger(),
             ThroughputMonitor(),
-            StepProgressBar(),
+            progress_callback(),  # the Rich bar in a terminal, plain lines in a log file
             RngState(skip_pickled=resume.skip_pickled_states),
             OptimizerStateCheck(),
             HostStopAgreement(),
@@ -477,7 +477,6 @@ def train(
                 run_dir,
                 lightning_trainer.global_step,
                 time.time() - started,
-                module.loss_history,
                 ckpt_dir,
                 export_dir,
                 [compile_note] if compile_note else [],
