@@ -10,7 +10,7 @@ import sys
 
 import recipes
 from tokenizer_posttrain.commands.train_cli import run_cli
-from tokenizer_posttrain.training.train import train
+from tokenizer_posttrain.training.train import check_launch, train
 
 if __name__ == "__main__":
-    sys.exit(run_cli(train, default_factory=recipes.cv8x8x8.cv8x8x8))
+    sys.exit(run_cli(train, default_factory=recipes.cv8x8x8.cv8x8x8, dry_run=check_launch))

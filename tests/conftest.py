@@ -156,7 +156,7 @@ def run_cli_here(*args: str, cwd: Path, env: dict[str, str] | None = None) -> su
     would otherwise collect, go to stderr as they happen, as Python prints them."""
     import recipes
     from tokenizer_posttrain.commands.train_cli import run_cli as cli
-    from tokenizer_posttrain.training.train import train
+    from tokenizer_posttrain.training.train import check_launch, train
 
     environ = dict(os.environ)
     keep = open_loader_iterators()
@@ -172,7 +172,7 @@ def run_cli_here(*args: str, cwd: Path, env: dict[str, str] | None = None) -> su
             patch.setattr(sys, "argv", [str(ROOT / "train_tokenizer.py")])  # run_cli rewrites it
             for key, value in (env or {}).items():
                 patch.setenv(key, value)
-            code = cli(train, recipes.cv8x8x8.cv8x8x8, list(args))
+            code = cli(train, recipes.cv8x8x8.cv8x8x8, list(args), dry_run=check_launch)
     finally:
         stop_loader_workers(keep)  # the run is over: its loaders' workers stop as they would at the process's exit
         os.environ.clear()

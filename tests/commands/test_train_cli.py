@@ -67,7 +67,7 @@ def test_second_run_in_the_same_folder_resumes(first_run: tuple[Path, object]) -
         cwd=run_dir.parent,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"Resuming from {run_dir / 'checkpoints' / 'last.ckpt'}" in result.stdout
+    assert f"resuming from {run_dir / 'checkpoints' / 'last.ckpt'}" in result.stdout
     latest = sorted((run_dir / "csv").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
     with open(latest / "metrics.csv") as f:
         steps = [int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")]
@@ -109,6 +109,97 @@ def test_bad_input_exits_non_zero_with_a_message(
     err = capfd.readouterr().err
     assert err.startswith(f"error: {message}") and err.count("\n") == 1, err  # a clear message, nothing else
     assert not (tmp_path / "tiny_cv8x8x8" / "checkpoints").exists()  # failed before any work
+
+
+def test_a_launch_says_what_it_runs_in_a_few_lines(first_run: tuple[Path, object]) -> None:
+    # Before: NeMo-Run's 40-line table, Lightning's GPU/TPU lines and litlogger advert, a pytree deprecation.
+    run_dir, result = first_run
+    out, err = result.stdout, result.stderr
+    before_first_step = out.split("[train]")[0].splitlines() + err.splitlines()
+    assert len(before_first_step) < 25, out + err
+    assert out.startswith("recipe: tiny, changed: trainer.max_steps=30 trainer.val_check_interval=10"), out
+    assert "model: CV8x8x8 at width 16, RANDOM weights (model.jit_ckpt_pth not set)" in out
+    assert "data: built-in synthetic clips (no data.path), clips 17x64x64, batch 2" in out
+    assert f"run: {run_dir} (new run), to step 30 on 1 x cpu" in out
+    for noise in ("Dry run for task", "Resolved Arguments", "GPU available", "TPU available", "litlogger", "LeafSpec"):
+        assert noise not in out + err, noise
+    # A warning is one line, without Python's file name and source line under it.
+    assert "warning: model.jit_ckpt_pth is not set: training CV8x8x8 from RANDOM weights" in err
+    assert "UserWarning" not in err and "self.network" not in err
+
+
+def test_every_cv_export_carries_latent_statistics(first_run: tuple[Path, object]) -> None:
+    # The encoder trained, so the base has none to copy: measured on the run's own (synthetic) clips, in the
+    # layout the Cosmos-1.0 world models' loader reads (mean, std), [C, T] over a 121-frame chunk's latents.
+    run_dir, result = first_run
+    mean, std = torch.load(run_dir / "export" / "mean_std.pt", weights_only=True)
+    assert mean.shape == std.shape == (16, 16)
+    assert torch.isfinite(mean).all() and (std > 0).all()
+    image_mean, image_std = torch.load(run_dir / "export" / "image_mean_std.pt", weights_only=True)
+    assert image_mean.shape == image_std.shape == (16,)
+    assert "latent statistics (mean_std.pt, image_mean_std.pt): measured on 16 synthetic clips" in result.stdout
+
+
+def test_without_latent_statistics_the_summary_gives_the_command(tmp_path: Path) -> None:
+    args = ("--factory", "tiny", "trainer.max_steps=1", "trainer.val_check_interval=1", f"log.log_dir={tmp_path}")
+    result = run_cli_here(
+        *args, "log.latent_stats_clips=0", "data.frames=9", "data.height=32", "data.width=32", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    export = tmp_path / "tiny_cv8x8x8" / "export"
+    assert (export / "encoder.jit").is_file() and not (export / "mean_std.pt").exists()
+    assert (
+        "no mean_std.pt in the export (log.latent_stats_clips=0); to write it: python -m tokenizer_posttrain export "
+        f"--checkpoint {tmp_path / 'tiny_cv8x8x8' / 'checkpoints' / 'last.ckpt'} --out {export} --latent-stats DATA"
+    ) in result.stdout
+    refused = run_cli_here(*args, "log.latent_stats_clips=-1", cwd=tmp_path)
+    assert refused.returncode == 1 and "invalid log.latent_stats_clips=-1" in refused.stderr, refused.stderr
+
+
+REFUSED_LAUNCHES = [
+    (("data.frames=10",), "the clip shape does not fit CV8x8x8: data.frames=10 is not 1+8k frames"),
+    (("data.global_batch_size=3",), "data.global_batch_size=3 is not a multiple of data.micro_batch_size"),
+    (("model.jit_ckpt_pth={tmp}/missing",), "checkpoint {tmp}/missing does not exist"),
+    (("loss.perceptual.weight=0.1", "loss.perceptual.weights_path={tmp}/vgg16.pth"), "{tmp}/vgg16.pth"),
+    (("data.path={tmp}/no_data",), "{tmp}/no_data"),
+]
+"""Launches a real launch refuses before any work, and a word of each refusal."""
+
+
+@pytest.mark.parametrize(
+    "overrides, message", REFUSED_LAUNCHES, ids=lambda v: str(v[0]) if isinstance(v, tuple) else ""
+)
+def test_dryrun_refuses_what_a_launch_refuses_and_neither_leaves_a_folder(
+    overrides: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    logs = tmp_path / "logs" / "team"
+    args = ["--factory", "tiny", f"log.log_dir={logs}", *(o.format(tmp=tmp_path) for o in overrides)]
+    dry = run_cli_here(*args, "--dryrun", cwd=tmp_path)
+    real = run_cli_here(*args, cwd=tmp_path)
+    for result in (dry, real):
+        assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+        assert result.stderr.startswith("error: ") and message.format(tmp=tmp_path) in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    assert dry.stderr == real.stderr
+    assert not (tmp_path / "logs").exists()  # neither the run folder nor the log folder made for it is left
+
+
+def test_dryrun_shows_every_setting_runs_the_checks_and_writes_nothing(tmp_path: Path) -> None:
+    from tokenizer_posttrain.commands.overrides import settings
+
+    result = run_cli_here(
+        "--factory", "tiny", f"log.log_dir={tmp_path / 'logs'}", "trainer.max_steps=7", "--dryrun", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    for setting in settings(train):
+        if not setting.group:
+            assert f"  {setting.key} = " in out, setting.key  # defaults too, e.g. the learning rate
+    assert "  optim.lr = " in out
+    assert "  trainer.max_steps = 7  (recipe tiny: 60)" in out
+    assert f"run: {tmp_path / 'logs' / 'tiny_cv8x8x8'} (new run), to step 7 on 1 x cpu" in out
+    assert out.rstrip().endswith("dry run: every launch check passed; nothing was written")
+    assert not (tmp_path / "logs").exists()
 
 
 GAN = ("loss.gan.weight=0.1", "loss.gan.channels=8", "loss.gan.layers=2")

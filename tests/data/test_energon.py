@@ -61,7 +61,7 @@ def test_resumed_run_continues_the_data_stream(video_dataset: Path, tmp_path: Pa
     assert first.returncode == 0, first.stderr[-3000:]
     second = run_cli_here(*TINY, data, "trainer.max_steps=8", f"log.log_dir={tmp_path / 'b'}", cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "Resuming from" in second.stdout
+    assert "resuming from" in second.stdout
 
     a, b = trace(tmp_path / "a" / "tiny_cv8x8x8"), trace(tmp_path / "b" / "tiny_cv8x8x8")
     assert len(a) == len(b) == 16  # 8 steps x 2 micro-batches: nothing repeated, nothing skipped

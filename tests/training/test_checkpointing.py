@@ -83,7 +83,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(tmp_path: Path,
     assert 4 <= done < 10
     resumed = run_cli_here(*ARGS, *extra, "trainer.max_steps=10", f"log.log_dir={killed_dir}", cwd=killed_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Resuming from" in resumed.stdout
+    assert "resuming from" in resumed.stdout
     # With the GAN on, the discriminator's and generator's terms after the resume are the reference's too.
     for name in ["train/loss"] + (["train/gan_d", "train/gan_g"] if extra else []):
         a, b = losses(tmp_path / "whole" / "tiny_cv8x8x8", name), losses(killed_dir / "tiny_cv8x8x8", name)

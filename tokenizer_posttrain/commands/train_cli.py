@@ -11,15 +11,26 @@ traceback or a message that names neither the file nor the key.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from ..core.errors import CommandError
 from .guard import EXPECTED_ERRORS, fail, run_guarded
-from .overrides import check_override_keys, check_yaml_file, groups, settings_help
+from .overrides import (
+    VALUE_OPTIONS,
+    check_override_keys,
+    check_yaml_file,
+    groups,
+    recipe_values,
+    settings_help,
+    show_value,
+)
 
 FIDDLE_CONTEXT = "\n\nFiddle context:"
 OOM_HINT = "lower data.micro_batch_size or the clip size, or set model.activation_checkpointing=true"
@@ -85,7 +96,7 @@ Options (NeMo-Run's):
   --factory, -f NAME  recipe to start from (default: {default_factory.__name__}); one of {recipes}
   --yaml FILE         read overrides from FILE: a mapping of groups, e.g. 'model: {{channels: 16}}'
                       (write --yaml in full: -y means --yes)
-  --dryrun            print the resolved configuration and exit without training
+  --dryrun            show every setting, run every launch check, and exit without training
   --yes, -y           no confirmation prompt (added when missing, so a run never waits)
   --to-yaml FILE      write the resolved configuration to FILE and exit
   --help, -h          this help
@@ -116,8 +127,96 @@ def _with_flags(argv: list[str]) -> list[str]:
     return args
 
 
-def run_cli(fn: Callable, default_factory: Callable, argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``) as NeMo-Run overrides of ``fn`` and run it."""
+NEMO_RUN_MODES = ("--to-yaml", "--to-toml", "--to-json", "--repl", "-r", "--load", "-l", "--detach", "--lazy")
+"""NeMo-Run's options that do something other than run the entry here: NeMo-Run itself handles them."""
+FLAGS = ("--dryrun", "--yes", "-y", "-v", "--verbose", "--direct", "--no-direct", "--tail-logs", "--no-tail-logs")
+"""Options without a value that a launch accepts (those other than ``--dryrun`` change nothing here: a run never
+prompts and always runs in this process)."""
+
+
+def _overrides(argv: list[str]) -> list[str]:
+    """The ``GROUP.SETTING=VALUE`` arguments of ``argv``; an option the launch does not know is refused."""
+    found, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("-"):
+            name = arg.split("=", 1)[0]
+            if name in VALUE_OPTIONS:
+                skip = "=" not in arg
+            elif arg not in FLAGS:
+                raise CommandError(f"unknown option {arg}; train_tokenizer.py --help lists the options")
+            continue
+        found.append(arg)
+    return found
+
+
+def _is_rank_zero() -> bool:
+    # Every torchrun process parses the command line; one of them speaks for the launch.
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _changed(recipe: dict[str, Any], resolved: dict[str, Any]) -> list[str]:
+    """``key=value`` for each setting whose resolved value differs from the recipe's (nested groups are
+    named by their leaves)."""
+    return [
+        f"{key}={show_value(value)}"
+        for key, value in resolved.items()
+        if not dataclasses.is_dataclass(value) and (key not in recipe or recipe[key] != value)
+    ]
+
+
+def resolved_settings(resolved: dict[str, Any], recipe: dict[str, Any], recipe_name: str) -> str:
+    """Every setting of a launch with its value, defaults included, one per line; those that differ from the
+    recipe ``recipe_name`` say what the recipe has."""
+    lines = []
+    for key, value in resolved.items():
+        if dataclasses.is_dataclass(value):
+            continue
+        line = f"  {key} = {show_value(value)}"
+        if key in recipe and recipe[key] != value:
+            line += f"  (recipe {recipe_name}: {show_value(recipe[key])})"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _launch(fn: Callable, factory: Callable, given: list[str], dry_run: Callable[..., list[str]] | None) -> int:
+    """Build ``fn``'s configs from the recipe ``factory``, a ``--yaml`` file and the overrides with NeMo-Run's
+    parser, then run ``fn`` here, or for ``--dryrun`` show every setting and run ``dry_run`` (the launch's
+    checks, same arguments as ``fn``; it returns lines to show)."""
+    import fiddle as fdl
+    from nemo_run.cli.api import RunContext
+
+    context = RunContext(name=fn.__name__, factory=factory, yaml=_option_value(given, "--yaml"), skip_confirmation=True)
+    task = context.parse_fn(fn, _overrides(given))
+    recipe, resolved = recipe_values(factory()), recipe_values(task)
+    built = fdl.build(task)
+    speak = _is_rank_zero()
+    if "--dryrun" in given:
+        if speak:
+            print(f"Dry run of recipe {factory.__name__}: every setting of this launch\n", flush=True)
+            print(resolved_settings(resolved, recipe, factory.__name__) + "\n", flush=True)
+        if dry_run is not None:
+            lines = dry_run(*built.args, **built.keywords)
+            if speak:
+                print("\n".join([*lines, "dry run: every launch check passed; nothing was written"]), flush=True)
+        return 0
+    if speak:
+        changed = _changed(recipe, resolved)
+        print(f"recipe: {factory.__name__}" + (f", changed: {' '.join(changed)}" if changed else ""), flush=True)
+    built()
+    return 0
+
+
+def run_cli(
+    fn: Callable,
+    default_factory: Callable,
+    argv: list[str] | None = None,
+    dry_run: Callable[..., list[str]] | None = None,
+) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``) as NeMo-Run overrides of ``fn`` and run it. ``dry_run`` (same
+    arguments as ``fn``) runs the launch's checks for ``--dryrun`` and returns lines to show."""
     import nemo_run as run
     from nemo_run.cli.cli_parser import CLIException
 
@@ -128,13 +227,15 @@ def run_cli(fn: Callable, default_factory: Callable, argv: list[str] | None = No
         if "--help" in given or "-h" in given:
             print(help_text(fn, default_factory, given), end="", flush=True)
             return 0
-        _chosen_factory(fn, default_factory, given)
+        factory = _chosen_factory(fn, default_factory, given)
         check_override_keys(given, fn)
         yaml_file = _option_value(given, "--yaml")
         if yaml_file is not None:
             check_yaml_file(yaml_file, fn)
         _quiet_nemo_run_parser()
         try:
+            if not any(arg.split("=", 1)[0] in NEMO_RUN_MODES for arg in given):
+                return _launch(fn, factory, given, dry_run)
             run.cli.main(fn, default_factory=default_factory)
         except SystemExit as exit_:
             code = exit_.code

@@ -105,7 +105,7 @@ class FinalCheckpoint(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_step > 0 and self.periodic._last_global_step_saved != trainer.global_step:
-            trainer.save_checkpoint(str(self.path))
+            trainer.save_checkpoint(str(self.path), weights_only=False)
 
 
 class PreemptionCheckpoint(pl.Callback):
@@ -117,7 +117,7 @@ class PreemptionCheckpoint(pl.Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException):
-            trainer.save_checkpoint(str(self.path))
+            trainer.save_checkpoint(str(self.path), weights_only=False)
             if trainer.is_global_zero:
                 print(
                     f"Preempted at step {trainer.global_step}: saved {self.path}; "

@@ -1,5 +1,6 @@
 """The training entry: build the pieces from typed configs, check them, fit, export."""
 
+import itertools
 import os
 import signal
 import time
@@ -16,9 +17,10 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from ..core.errors import UserError
 from ..data.batch import PREFETCH
-from ..data.fake import SyntheticVideoDataModule
+from ..data.fake import SyntheticVideoDataModule, synthetic_clip
 from ..losses.loss import build_loss
 from ..network.registry import get_config
+from ..network.tokenizer import CausalVideoTokenizer
 from .acceleration import ddp_strategy, resolve_compile, tensor_core_matmuls
 from .checkpointing import (
     AtomicCheckpointIO,
@@ -30,6 +32,7 @@ from .checkpointing import (
 )
 from .compile_cache import compile_cache_callback
 from .config import DataConfig, LogConfig, LossConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
+from .console import quiet_launch
 from .module import TokenizerModel
 from .monitoring import (
     LearningRateLogger,
@@ -67,10 +70,6 @@ class Parallelism:
     @property
     def world_size(self) -> int:
         return self.devices * self.num_nodes
-
-
-_NOT_RESUMABLE = "You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not"
-"""The start of Lightning's warning that a resumed data stream is not exact (false here: see the fit call)."""
 
 
 def resolve_parallelism(trainer: TrainerConfig, data: DataConfig) -> Parallelism:
@@ -248,6 +247,77 @@ def check_data(data: DataConfig, world_size: int, seed: int, processes: int = 1,
     return replace(data, prefetch=prefetch)
 
 
+def default_stats_clips(log: LogConfig) -> int:
+    """Clips for the end-of-run latent statistics: ``log.latent_stats_clips``, else as many as agree to 1% on a GPU
+    (:data:`~..evaluation.latent_stats.STATS_CLIPS`) and a few on a CPU, where each clip costs seconds."""
+    from ..evaluation.latent_stats import STATS_CLIPS
+
+    if log.latent_stats_clips is not None:
+        return log.latent_stats_clips
+    return STATS_CLIPS if torch.cuda.is_available() else CPU_STATS_CLIPS
+
+
+CPU_STATS_CLIPS = 16
+"""End-of-run latent statistics clips on a CPU: enough for a usable ``mean_std.pt`` in seconds on the tiny models;
+a real run measures them on a GPU, or sets ``log.latent_stats_clips``."""
+
+
+def export_latent_stats(
+    network: CausalVideoTokenizer,
+    model: ModelConfig,
+    data: DataConfig,
+    log: LogConfig,
+    export_dir: Path,
+    ckpt_dir: Path,
+) -> str:
+    """Write ``mean_std.pt`` and ``image_mean_std.pt`` into the export of a continuous tokenizer, which the Cosmos
+    world models' tokenizer loader requires: the base's files when only the decoder trained (the latent space did
+    not move), else measured on the run's own data (synthetic clips without ``data.path``). Returns the line for
+    the run summary; where they cannot be measured, that line gives the command that writes them."""
+    from ..evaluation.latent_stats import carry_base_stats, dataset_latent_stats, default_stats_workers
+    from ..evaluation.latent_stats import latent_statistics as measure
+    from ..io.export import CHUNK_FRAMES
+    from .acceleration import fast_encoder
+
+    copied = carry_base_stats(model.trainable, model.jit_ckpt_pth, export_dir)
+    if copied:
+        return (
+            f"latent statistics ({', '.join(p.name for p in copied)}): the encoder did not train, copied from the base"
+        )
+    later = (
+        f"python -m tokenizer_posttrain export --checkpoint {ckpt_dir / LAST_CKPT} --out {export_dir} "
+        "--latent-stats DATA (DATA: a prepared dataset of your videos)"
+    )
+    clips = default_stats_clips(log)
+    if clips == 0:
+        return f"no mean_std.pt in the export (log.latent_stats_clips=0); to write it: {later}"
+    print(f"latent statistics: measuring on {clips} clips (log.latent_stats_clips sets how many)", flush=True)
+    try:
+        if data.path is None:
+            synthetic = (synthetic_clip(data.frames, data.height, data.width, data.seed + i) for i in itertools.count())
+            stats = measure(network, synthetic, clips, positions=network.config.latent_frames(CHUNK_FRAMES))
+        else:
+            cuda = torch.cuda.is_available()
+            stats = dataset_latent_stats(
+                network,
+                data.path,
+                clips,
+                min(data.height, data.width),
+                # 121-frame chunks as the world models encode, where the GPU makes them cheap.
+                frames=CHUNK_FRAMES if cuda else data.frames,
+                fallback_frames=data.frames,
+                resize_short_side=data.resize_short_side,
+                workers=default_stats_workers(),
+                accelerate=fast_encoder,
+            )
+    except (UserError, OSError) as err:
+        warnings.warn(f"the latent statistics could not be measured: {err}", stacklevel=2)
+        return f"no mean_std.pt in the export (not measured: see the warning above); to write it: {later}"
+    files = ", ".join(p.name for p in stats.write(export_dir))
+    source = "synthetic clips" if data.path is None else f"clips of {data.path}"
+    return f"latent statistics ({files}): measured on {stats.clips} {source}"
+
+
 def _forward_sigusr1_as_sigterm() -> None:
     # Clusters send SIGUSR1 ahead of preemption. Under SLURM Lightning handles it (checkpoint and
     # requeue); elsewhere we treat it like SIGTERM: finish the batch, write last.ckpt, exit.
@@ -316,6 +386,162 @@ def _stopped_for_bad_steps(stop: NonFiniteLossError, ckpt_dir: Path, max_bad_ste
     )
 
 
+@dataclass
+class _Launch:
+    """What the checks before a launch found and built, for the fit that follows."""
+
+    ckpt_path: str | None
+    done: int
+    """The step the resumed checkpoint reached (0 for a new run)."""
+    max_steps: int
+    model: ModelConfig
+    data: DataConfig
+    """``data`` with what the checks resolved (``data.prefetch``)."""
+    par: Parallelism | None = None
+    restart_stream: str | None = None
+    module: TokenizerModel | None = None
+    compile_cache: object | None = None
+
+    @property
+    def finished(self) -> bool:
+        """The resumed checkpoint already reached ``trainer.max_steps``."""
+        return self.ckpt_path is not None and 0 < self.max_steps <= self.done
+
+
+def _check_launch(
+    model: ModelConfig,
+    data: DataConfig,
+    trainer: TrainerConfig,
+    optim: OptimConfig,
+    resume: ResumeConfig,
+    loss: LossConfig,
+    run_dir: Path,
+    problems: _Problems,
+    dry: bool = False,
+) -> _Launch:
+    """Every check that needs no training, each on its own so that one launch reports all its problems in
+    ``problems``; builds the module (which loads the weights) on the way. ``dry``: for ``--dryrun``, nothing is
+    made that a real launch would keep (the compile cache's key)."""
+    ckpt_dir = run_dir / "checkpoints"
+    ckpt_path = problems.check(lambda: find_resume_checkpoint(ckpt_dir, resume))
+    launch = _Launch(ckpt_path, checkpoint_step(ckpt_path) if ckpt_path else 0, trainer.max_steps, model, data)
+    if launch.finished:
+        return launch
+    if ckpt_path and not resume.allow_changes:
+        problems.check(lambda: check_same_run(ckpt_path, current_settings(model, data, loss)))
+    problems.check(lambda: check_clip_shape(model, data))
+    problems.check(lambda: check_loss_clips(model, data, loss))
+    par = launch.par = problems.check(lambda: resolve_parallelism(trainer, data))
+    if ckpt_path and par is not None:
+        launch.restart_stream = problems.check(
+            lambda: check_same_stream(ckpt_path, data, par.world_size, resume.allow_changes)
+        )
+    model = launch.model = resolve_compile(model, par.accelerator if par else "cpu")
+    spatial = get_config(model.model).spatial_compression
+    checked = problems.check(
+        lambda: check_data(data, par.world_size if par else 1, trainer.seed, par.devices if par else 1, spatial)
+    )
+    launch.data = checked or data
+    pl.seed_everything(trainer.seed, workers=True, verbose=False)
+    problems.check(lambda: build_loss(loss))  # its weight files on their own: the module stops at the first
+    if trainer.max_steps > 0:
+        for note in loss.unreached_changes(trainer.max_steps):
+            warnings.warn(note, stacklevel=2)
+    # Built before the verdict: it loads the checkpoint (its fit).
+    launch.module = problems.check(
+        lambda: TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)
+    )
+    if not dry:
+        launch.compile_cache = problems.check(
+            lambda: compile_cache_callback(model, data, loss, str(trainer.precision), run_dir, clip_shapes(model, data))
+        )
+    return launch
+
+
+def _launch_lines(launch: _Launch, trainer: TrainerConfig, resume: ResumeConfig, run_dir: Path) -> list[str]:
+    """The launch in a few lines: the model and its weights, the data, the run folder, new or resumed."""
+    model, data, par = launch.model, launch.data, launch.par
+    cfg = get_config(model.model)
+    width = f" at width {model.channels}" if model.channels is not None else ""
+    weights = f"weights {model.jit_ckpt_pth}" if model.jit_ckpt_pth else "RANDOM weights (model.jit_ckpt_pth not set)"
+    trains = "" if model.trainable == "all" else f", trains {model.trainable}"
+    if model.lora.rank > 0:
+        trains += f", LoRA rank {model.lora.rank}"
+    clips = f"{data.frames}x{data.height}x{data.width}"
+    source = f"{data.path}" if data.path is not None else "built-in synthetic clips (no data.path)"
+    batch = f"batch {data.global_batch_size}"
+    if par is not None:
+        batch += f" ({data.micro_batch_size} per device x {par.world_size} x {par.accumulate_grad_batches} accumulated)"
+    where = f"{par.world_size} x {par.accelerator}" if par is not None else "?"
+    if launch.ckpt_path:
+        state = f"resuming from {launch.ckpt_path}, step {launch.done}"
+        if launch.restart_stream:
+            state += " (data stream restarts)"
+    else:
+        state = "new run"
+    return [
+        f"model: {cfg.name}{width}, {weights}{trains}",
+        f"data: {source}, clips {clips}, {batch}",
+        f"run: {run_dir} ({state}), to step {trainer.max_steps} on {where}",
+    ]
+
+
+def check_launch(
+    model: ModelConfig,
+    data: DataConfig,
+    trainer: TrainerConfig,
+    optim: OptimConfig,
+    resume: ResumeConfig,
+    log: LogConfig,
+    loss: LossConfig = LossConfig(),  # noqa: B008 - an immutable-by-use default
+    extra_callbacks: Sequence[pl.Callback] = (),
+) -> list[str]:
+    """``--dryrun``: run every check of :func:`train` that needs no training (the clip shape, the batch split,
+    the data and its preflight, the weight files, a resumed run's settings) without writing anything, and return
+    the launch's summary lines; raises what a real launch would refuse to start with."""
+    run_dir = Path(log.log_dir) / log.name
+    problems = _Problems()
+    with quiet_launch(), warnings.catch_warnings(record=True) as held:
+        warnings.simplefilter("always")
+        launch = _check_launch(model, data, trainer, optim, resume, loss, run_dir, problems, dry=True)
+    if launch.finished and not resume.resume_past_end:
+        problems.found.append(_finished_error(launch, trainer))
+    with quiet_launch():
+        problems.raise_any(held)
+    return _launch_lines(launch, trainer, resume, run_dir)
+
+
+def _finished_error(launch: _Launch, trainer: TrainerConfig) -> ValueError:
+    return ValueError(
+        f"{launch.ckpt_path} already reached step {launch.done} >= trainer.max_steps={trainer.max_steps}; "
+        "raise trainer.max_steps or start a new run with another log.name"
+    )
+
+
+def _missing_parts(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders of ``folders`` (deepest first) that a failed launch made and left empty, with their empty
+    sub-folders: a launch refused by its checks leaves nothing behind. Only empty folders go; anything written
+    stays, and so do the folders holding it."""
+    for folder in folders:
+        if folder.is_dir() and not folder.is_symlink():
+            for sub in sorted(folder.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+                try:
+                    sub.rmdir()
+                except OSError:  # not empty: something was written there
+                    pass
+        if folder.exists():
+            return
+
+
 def train(
     model: ModelConfig,
     data: DataConfig,
@@ -331,59 +557,39 @@ def train(
     ``extra_callbacks`` join the run's own (benchmarks add a profiler this way).
     """
     run_dir = Path(log.log_dir) / log.name
+    made = _missing_parts(run_dir) if rank_zero_only.rank == 0 else []
+    try:
+        with quiet_launch():
+            return _train(model, data, trainer, optim, resume, log, loss, extra_callbacks, run_dir)
+    except BaseException:
+        _remove_empty(made)
+        raise
+
+
+def _train(
+    model: ModelConfig,
+    data: DataConfig,
+    trainer: TrainerConfig,
+    optim: OptimConfig,
+    resume: ResumeConfig,
+    log: LogConfig,
+    loss: LossConfig,
+    extra_callbacks: Sequence[pl.Callback],
+    run_dir: Path,
+) -> Path:
     with run_folder_lock(run_dir):
         started = time.time()
         ckpt_dir = run_dir / "checkpoints"
         if rank_zero_only.rank == 0:
             remove_partial_saves(ckpt_dir)
         problems = _Problems()
-        compile_cache = None
         with warnings.catch_warnings(record=True) as held:
             warnings.simplefilter("always")
-            ckpt_path = problems.check(lambda: find_resume_checkpoint(ckpt_dir, resume))
-            done = checkpoint_step(ckpt_path) if ckpt_path else 0
-            finished = ckpt_path is not None and 0 < trainer.max_steps <= done
-            if not finished:
-                if ckpt_path and not resume.allow_changes:
-                    problems.check(lambda: check_same_run(ckpt_path, current_settings(model, data, loss)))
-                problems.check(lambda: check_clip_shape(model, data))
-                problems.check(lambda: check_loss_clips(model, data, loss))
-                par = problems.check(lambda: resolve_parallelism(trainer, data))
-                restart_stream = None
-                if ckpt_path and par is not None:
-                    restart_stream = problems.check(
-                        lambda: check_same_stream(ckpt_path, data, par.world_size, resume.allow_changes)
-                    )
-                model = resolve_compile(model, par.accelerator if par else "cpu")
-                checked = problems.check(
-                    lambda: check_data(
-                        data,
-                        par.world_size if par else 1,
-                        trainer.seed,
-                        par.devices if par else 1,
-                        get_config(model.model).spatial_compression,
-                    )
-                )
-                pl.seed_everything(trainer.seed, workers=True, verbose=False)
-                problems.check(lambda: build_loss(loss))  # its weight files on their own: the module stops at the first
-                if trainer.max_steps > 0:
-                    for note in loss.unreached_changes(trainer.max_steps):
-                        warnings.warn(note, stacklevel=2)
-                # Built before the verdict: it loads the checkpoint (its fit).
-                module = problems.check(
-                    lambda: TokenizerModel(model, optim, loss, trainer.max_bad_steps, trainer.gradient_clip_val)
-                )
-                compile_cache = problems.check(
-                    lambda: compile_cache_callback(
-                        model, data, loss, str(trainer.precision), run_dir, clip_shapes(model, data)
-                    )
-                )
-        if finished:
+            launch = _check_launch(model, data, trainer, optim, resume, loss, run_dir, problems)
+        ckpt_path, done = launch.ckpt_path, launch.done
+        if launch.finished:
             if not resume.resume_past_end:
-                raise ValueError(
-                    f"{ckpt_path} already reached step {done} >= trainer.max_steps={trainer.max_steps}; "
-                    "raise trainer.max_steps or start a new run with another log.name"
-                )
+                raise _finished_error(launch, trainer)
             problems.raise_any(held)
             print(
                 f"Nothing to do: {ckpt_path} is at step {done}, trainer.max_steps={trainer.max_steps}; raise "
@@ -394,9 +600,12 @@ def train(
             )
             return run_dir
         problems.raise_any(held)
+        par, module, model, compile_cache = launch.par, launch.module, launch.model, launch.compile_cache
         assert par is not None and module is not None
         module.hparams["data"] = asdict(data)  # for the model card of the export and the check on resume
-        datamodule = build_datamodule(checked or data, model, trainer.seed, resume.skip_pickled_states, restart_stream)
+        datamodule = build_datamodule(
+            launch.data, model, trainer.seed, resume.skip_pickled_states, launch.restart_stream
+        )
         limit_val_batches = trainer.limit_val_batches
         if data.path is not None and not datamodule.has_validation:
             warnings.warn(f"{data.path} has no val split: validation is off", stacklevel=2)
@@ -447,38 +656,34 @@ def train(
             default_root_dir=str(run_dir),
             enable_model_summary=False,
         )
-        if ckpt_path:
-            print(f"Resuming from {ckpt_path}", flush=True)
+        if lightning_trainer.is_global_zero:
+            print("\n".join(_launch_lines(launch, trainer, resume, run_dir)), flush=True)
         _forward_sigusr1_as_sigterm()
         try:
             # weights_only: Lightning would otherwise unpickle the whole file, running any code planted in it.
             tf32 = par.accelerator == "gpu" and str(trainer.precision).startswith("bf16")
-            with tensor_core_matmuls(tf32), warnings.catch_warnings():
-                # Lightning says a resumed "dataloader is not resumable" when the loader object itself holds no
-                # state; ours keep theirs in the checkpoint (energon's position, the synthetic clips' step) and
-                # resume the stream exactly (tests/data/test_energon.py), so the warning would be false.
-                warnings.filterwarnings("ignore", message=_NOT_RESUMABLE)
+            with tensor_core_matmuls(tf32):
                 lightning_trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         except NonFiniteLossError as stop:
             raise _stopped_for_bad_steps(stop, ckpt_dir, trainer.max_bad_steps) from None
 
         if lightning_trainer.is_global_zero:
             export_dir = None
+            notes: list[str] = []
             if log.export_on_end:
                 from ..io.export import export_tokenizer
 
                 export_dir = export_tokenizer(module.network, run_dir / "export")
                 if not module.network.is_discrete:
-                    from ..evaluation.latent_stats import carry_base_stats
-
-                    carry_base_stats(model.trainable, model.jit_ckpt_pth, export_dir)
-            compile_note = compile_cache.summary() if compile_cache is not None else None
+                    notes.append(export_latent_stats(module.network, model, data, log, export_dir, ckpt_dir))
+            if compile_cache is not None:
+                notes.append(compile_cache.summary())
             summary.report(
                 run_dir,
                 lightning_trainer.global_step,
                 time.time() - started,
                 ckpt_dir,
                 export_dir,
-                [compile_note] if compile_note else [],
+                [note for note in notes if note],
             )
         return run_dir

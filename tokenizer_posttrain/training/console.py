@@ -1,0 +1,64 @@
+"""What a launch prints before its first step: the few lines a user needs, not the libraries' chatter.
+
+Lightning announces at INFO what the launch summary already says or what is noise for this app (the AMP
+choice, "GPU available: False", a TPU count, a litlogger advert, "`Trainer.fit` stopped: `max_steps` reached");
+those stay off while a launch runs. Its warnings stay on, each shown on one line without the source line Python
+would print under it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning")
+
+NOT_RESUMABLE = "You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not"
+"""The start of Lightning's warning that a resumed data stream is not exact. False here: the data modules keep
+their position in the checkpoint (energon's saved state, the synthetic clips' step) and resume the stream exactly
+(tests/data/test_energon.py); Lightning only looks for a ``state_dict`` on the loader object itself."""
+
+PYTREE_LEAFSPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+"""Lightning's own use of a torch API that torch deprecated: nothing a user can act on."""
+
+
+def show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Print a warning as ``warning: <message>`` on stderr (the message is written for users; the file and source
+    line of the ``warn`` call would only be noise under it)."""
+    stream = file if file is not None else sys.stderr
+    try:
+        stream.write(f"warning: {message}\n")
+        stream.flush()
+    except (OSError, ValueError):  # a closed or broken stream: the warning has nowhere to go
+        pass
+
+
+@contextmanager
+def quiet_launch() -> Iterator[None]:
+    """Lightning's INFO lines off, warnings on one line, and the two warnings that are false or not the user's
+    filtered, for the duration of a launch; everything as it was afterwards."""
+    levels: dict[str, Any] = {}
+    for name in LIGHTNING_LOGGERS:
+        logger = logging.getLogger(name)
+        levels[name] = logger.level
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning
+            warnings.filterwarnings("ignore", message=NOT_RESUMABLE)
+            warnings.filterwarnings("ignore", message=PYTREE_LEAFSPEC)
+            yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
