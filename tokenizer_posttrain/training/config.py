@@ -398,6 +398,10 @@ class LogConfig:
     """Run name: the run folder is <log_dir>/<name>."""
     export_on_end: bool = True
     """Export encoder.jit/decoder.jit/autoencoder.jit to <run>/export when training ends."""
+    latent_stats_clips: Optional[int] = None
+    """Clips the end-of-run export of a continuous tokenizer measures mean_std.pt on (the latent statistics the
+    Cosmos world models normalize with) when its encoder trained; drawn from data.path, or synthetic clips without
+    it. None: 400 on a GPU, 16 on a CPU. 0: none written (the run summary gives the command that writes them)."""
 
     def __post_init__(self) -> None:
         # An absolute name replaces log_dir in <log_dir>/<name>, and '..' climbs out of it: the run (its
@@ -409,4 +413,11 @@ class LogConfig:
             self.name,
             "the run folder is <log.log_dir>/<log.name>, so the name must stay inside log.log_dir: not empty, not "
             "absolute, no '..' (e.g. log.name=my_run, or a sub-folder such as log.name=team/my_run)",
+        )
+        clips = self.latent_stats_clips
+        _require(
+            clips is None or (isinstance(clips, int) and not isinstance(clips, bool) and clips >= 0),
+            "log.latent_stats_clips",
+            clips,
+            "must be None (automatic), 0 (none) or a positive number of clips",
         )
