@@ -17,6 +17,7 @@ from safetensors import safe_open
 from tests.conftest import ROOT, reference_weights
 from tests.videos import encode_video, faststart, frames_array, write_video
 from tokenizer_posttrain.commands import infer
+from tokenizer_posttrain.core.progress import INTERVAL_ENV
 
 
 def run_infer(*args: str) -> int:
@@ -33,21 +34,33 @@ def probe(path: Path) -> tuple[int, int, int, Fraction]:
         return frames, stream.height, stream.width, stream.average_rate
 
 
-def test_cli_reconstruct_encode_decode(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_reconstruct_encode_decode(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(INTERVAL_ENV, "0")  # a progress line after every window (the default: every 30 s)
     ckpt = reference_weights("CV8x8x8")
     source = write_video(tmp_path / "in.mp4", 20, 40, 72, fps=25)
     out, latents = tmp_path / "out" / "rec.mp4", tmp_path / "rec.safetensors"
     assert run_infer("reconstruct", "--checkpoint", ckpt, "--input", source, "--output", out) == 0
-    assert "PSNR" in capsys.readouterr().out
+    printed = capsys.readouterr().out.splitlines()
+    # stdout is no terminal here, as in a batch job's log: plain lines, the windows' frames (17, then 20).
+    assert printed[0] == "[reconstruct] 0/20 frames | elapsed 0:00"
+    assert re.fullmatch(r"\[reconstruct\] 17/20 frames \| [\d.]+ frames/s \| elapsed 0:\d\d \| ETA 0:\d\d", printed[1])
+    assert re.fullmatch(r"\[reconstruct\] 20/20 frames \| [\d.]+ frames/s \| elapsed 0:\d\d", printed[2])
+    assert len(printed) == 4 and "PSNR" in printed[3]
     assert probe(out) == (20, 40, 72, 25)
 
     assert run_infer("encode", "--checkpoint", ckpt, "--input", source, "--output", latents) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(" |")[0] for line in printed[:3]] == ["[encode] 0/20 frames", "[encode] 17/20 frames",
+                                                             "[encode] 20/20 frames"]  # fmt: skip
     with safe_open(str(latents), framework="pt") as f:
         assert f.metadata()["model"] == "Cosmos-1.0-Tokenizer-CV8x8x8" and f.metadata()["fps"] == "25"
         assert f.get_tensor("latent").shape == (2, 16, 3, 5, 9) and int(f.get_tensor("frames")) == 20
 
     decoded = tmp_path / "dec.mp4"
     assert run_infer("decode", "--checkpoint", ckpt, "--input", latents, "--output", decoded) == 0
+    assert capsys.readouterr().out.startswith("[decode] 0/20 frames | ")
     assert probe(decoded) == (20, 40, 72, 25)
 
 

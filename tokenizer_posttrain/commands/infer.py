@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 
 from ..core.errors import CommandError
 from ..core.files import atomic_path
+from ..core.progress import progress
 from ..core.untrusted import special_file
 from ..data.orientation import Orientation, UnsupportedOrientation, frame_orientation
 from ..data.probe import index_sizes, is_cut_off
@@ -225,12 +226,16 @@ def _reconstruct(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.save_latents:
         # Reconstruct through the saved latents, so that the file and the video agree exactly.
-        encoded = inference.encode(network, torch.from_numpy(video), **options)
+        with progress("encode", len(video), "frames") as shown:
+            encoded = inference.encode(network, torch.from_numpy(video), **options, on_window=shown.update)
         save_latents(Path(args.save_latents), encoded, network.config.full_name, fps, source)
         decode_options = {k: options[k] for k in ("dtype", "device", "tile", "tile_overlap")}
-        output = inference.decode(network, encoded, **decode_options).numpy()
+        with progress("decode", len(video), "frames") as shown:
+            output = inference.decode(network, encoded, **decode_options, on_window=shown.update).numpy()
     else:
-        output = inference.reconstruct(network, torch.from_numpy(video), **options).numpy()
+        with progress("reconstruct", len(video), "frames") as shown:
+            output = inference.reconstruct(network, torch.from_numpy(video), **options, on_window=shown.update)
+        output = output.numpy()
     seconds = time.perf_counter() - start
     write_video(Path(args.output), output, fps, args.crf)
     print(
@@ -246,7 +251,8 @@ def _encode(args: argparse.Namespace) -> int:
     network, options = _setup(args, encoding=True)
     read = read_video(source, args.allow_partial)
     video, fps = read.frames, read.fps
-    encoded = inference.encode(network, torch.from_numpy(video), **options)
+    with progress("encode", len(video), "frames") as shown:
+        encoded = inference.encode(network, torch.from_numpy(video), **options, on_window=shown.update)
     save_latents(Path(args.output), encoded, network.config.full_name, fps, source)
     key = "indices" if network.config.is_discrete else "latent"
     print(
@@ -256,6 +262,15 @@ def _encode(args: argparse.Namespace) -> int:
     return 0
 
 
+def _frame_count(encoded: dict[str, torch.Tensor]) -> int | None:
+    """The frames a latents file decodes to, for the progress; None where the file does not say (``decode``
+    itself then says what is wrong)."""
+    try:
+        return int(encoded["frames"])
+    except (KeyError, TypeError, ValueError, RuntimeError):
+        return None
+
+
 def _decode(args: argparse.Namespace) -> int:
     encoded, meta = load_latents(_existing(args.input, "latents file"))
     network, options = _setup(args, encoding=True)
@@ -263,7 +278,8 @@ def _decode(args: argparse.Namespace) -> int:
         raise CommandError(
             f"{args.input} holds {meta['model']} latents, but the checkpoint is {network.config.full_name}"
         )
-    output = inference.decode(network, encoded, **options).numpy()
+    with progress("decode", _frame_count(encoded), "frames") as shown:
+        output = inference.decode(network, encoded, **options, on_window=shown.update).numpy()
     fps = args.fps or Fraction(meta.get("fps") or DEFAULT_FPS)
     write_video(Path(args.output), output, fps, args.crf)
     print(f"decoded {_describe(output, fps)} with {network.config.name} -> {args.output}")

@@ -222,6 +222,7 @@ def reconstruct(
     tile_overlap: int = 32,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    on_window: Callable[[int], object] | None = None,
 ) -> Tensor:
     """Reconstruct a uint8 video ``[T, H, W, 3]`` of any length and size; returns the same shape, on the CPU.
 
@@ -230,7 +231,8 @@ def reconstruct(
     as causal warm-up and drops their output (module docstring). ``tile`` (pixels, a
     multiple of the spatial compression) processes large frames in feather-blended tiles.
     ``dtype=torch.bfloat16`` runs under autocast over the fp32 weights. The network is moved
-    to ``device`` and run in eval mode (its train/eval mode is restored afterwards).
+    to ``device`` and run in eval mode (its train/eval mode is restored afterwards). ``on_window`` is called
+    after each window with the frames done so far (a progress report).
     """
     video = _as_video(video)
     context = check_options(network, window, context, tile, tile_overlap)
@@ -244,6 +246,8 @@ def reconstruct(
             x = _to_network(video[start:stop], dev, padded, _round_up(height, sc), _round_up(width, sc))
             y = _tiled(network, x, tile, tile_overlap, sc, 1.0)
             out[start + drop : stop] = to_frames(y[:, :, drop : stop - start, :height, :width])
+            if on_window is not None:
+                on_window(stop)
     return out
 
 
@@ -256,6 +260,7 @@ def encode(
     tile_overlap: int = 32,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    on_window: Callable[[int], object] | None = None,
 ) -> dict[str, Tensor]:
     """Encode a uint8 video ``[T, H, W, 3]`` window by window; returns CPU tensors.
 
@@ -265,7 +270,8 @@ def encode(
     ``context`` defaults to 0 here: disjoint windows, and ``decode`` gives what
     ``reconstruct(..., context=0)`` gives. With ``context > 0`` the windows overlap as in
     :func:`reconstruct` and ``decode`` drops the warm-up frames again. With ``tile``, the
-    tiles' pre-quantization latents are blended (DV quantizes the blend).
+    tiles' pre-quantization latents are blended (DV quantizes the blend). ``on_window``: as in
+    :func:`reconstruct`.
     """
     video = _as_video(video)
     context = check_options(network, window, context, tile, tile_overlap, encoding=True)
@@ -283,6 +289,8 @@ def encode(
             x = _to_network(video[start:stop], dev, window, _round_up(height, sc), _round_up(width, sc))
             z = _tiled(pre_quant, x, tile, tile_overlap, sc, 1.0 / sc)
             rows.append(network.quantizer(z)[0] if cfg.is_discrete else z.to(dtype))
+            if on_window is not None:
+                on_window(stop)
     stacked = torch.cat(rows).cpu()
     meta = {"frames": frames, "height": height, "width": width, "window": window, "context": context}
     return {"indices" if cfg.is_discrete else "latent": stacked, **{k: torch.tensor(v) for k, v in meta.items()}}
@@ -295,10 +303,12 @@ def decode(
     device: str | torch.device = "cpu",
     tile: int | None = None,
     tile_overlap: int = 32,
+    on_window: Callable[[int], object] | None = None,
 ) -> Tensor:
     """Invert :func:`encode`: uint8 video ``[frames, height, width, 3]``.
 
-    ``tile`` (pixels of the output) decodes in feather-blended spatial tiles.
+    ``tile`` (pixels of the output) decodes in feather-blended spatial tiles. ``on_window``: as in
+    :func:`reconstruct`.
     """
     cfg = network.config
     key, other = ("indices", "latent") if cfg.is_discrete else ("latent", "indices")
@@ -329,4 +339,6 @@ def decode(
             z = network.quantizer.indices_to_codes(row) if cfg.is_discrete else row.float()
             y = _tiled(network.decode, z, tile_latent, tile_overlap // sc, 1, float(sc))
             out[start + drop : stop] = to_frames(y[:, :, drop : stop - start, :height, :width])
+            if on_window is not None:
+                on_window(stop)
     return out
