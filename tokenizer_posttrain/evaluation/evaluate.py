@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import EvaluationError
+from ..core.progress import progress
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..io.checkpoint import load_tokenizer
 from ..losses.perceptual import VGG16_FILE, VGG16_URL, PerceptualLoss, find_vgg16_weights
@@ -165,7 +166,8 @@ def evaluate(
     comparison: dict[str, list[float]] = {}
     psnr = sides["model"].per_clip["psnr"]
     panels: dict[int, list[Tensor]] = {}  # uint8 [T, H, W, 3] per panel, only of clips that may be shown
-    with torch.inference_mode():
+    # Up to max_clips: a dataset with fewer ends sooner. Lines in a log file, a bar in a terminal (core.progress).
+    with torch.inference_mode(), progress("evaluate", max_clips, "clips") as clip_progress:
         for key, clip in clips:
             video = clip.unsqueeze(0).to(device)
             outputs = {which: side.run(video, perceptual) for which, side in sides.items()}
@@ -174,6 +176,7 @@ def evaluate(
                 if name:
                     comparison.setdefault(name, []).append(values)
             keys.append(key)
+            clip_progress.update(len(keys), mean_psnr=f"{sum(psnr) / len(psnr):.2f} dB")
             shown = [video, *([outputs["baseline"][0]] if baseline is not None else []), outputs["model"][0]]
             panels[len(keys) - 1] = [to_frames(v[0]) for v in shown]
             # Keep only the running best and worst: memory stays bounded by 2 x videos_per_side clips.

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from ..core.errors import CheckpointError, EvaluationError
 from ..core.files import atomic_path
+from ..core.progress import progress as progress_report
 from ..core.untrusted import load_torch_file
 from ..io.export import CHUNK_FRAMES
 from ..network.tokenizer import CausalVideoTokenizer
@@ -140,8 +140,9 @@ def latent_statistics(
     """Encode up to ``max_clips`` clips (``[3, T, H, W]`` in [-1, 1], one shape) and their first frames, and
     return the latent statistics. ``dtype`` is the encoder's compute dtype (bf16 on GPUs: inference speed).
     ``positions``: latent frames the statistics must cover (default: those of a :data:`CHUNK_FRAMES` chunk);
-    clips shorter than that chunk leave the later positions to :meth:`Moments.extended`. ``progress`` shows a
-    bar with clips/s on stderr. ``accelerate`` gives the ``encode`` to run (e.g. compiled, on GPUs)."""
+    clips shorter than that chunk leave the later positions to :meth:`Moments.extended`. ``progress`` shows the
+    clips done with clips/s on stdout: a bar in a terminal, lines in a log file (:mod:`~..core.progress`).
+    ``accelerate`` gives the ``encode`` to run (e.g. compiled, on GPUs)."""
     if network.is_discrete:
         raise EvaluationError(
             f"{network.config.name} is a discrete tokenizer: world models read its token indices, which have no "
@@ -152,7 +153,7 @@ def latent_statistics(
     encode = accelerate(net) if accelerate is not None else net.encode
     video, image = Moments(), Moments()
     seen, batch = 0, []
-    bar = tqdm(total=max_clips, desc="latent statistics", unit="clip", disable=not progress, dynamic_ncols=True)
+    bar = progress_report("latent statistics", max_clips, "clips", enabled=progress)
 
     def flush() -> None:
         x = torch.stack(batch).to(dtype)
@@ -167,12 +168,12 @@ def latent_statistics(
             seen += 1
             if len(batch) == batch_size:
                 flush()
-                bar.update(batch_size)
+                bar.update(seen)
             if seen == max_clips:
                 break
         if batch:
-            bar.update(len(batch))
             flush()
+            bar.update(seen)
     if seen == 0:
         raise EvaluationError("no usable clip for the latent statistics (see the skipped videos above)")
     wanted = positions or network.config.latent_frames(CHUNK_FRAMES)
