@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from data_tools.__main__ import main as data_tools_main
 from tests.conftest import read_metrics, run_cli_here, run_torchrun
@@ -55,7 +56,9 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def test_resumed_run_continues_the_data_stream(video_dataset: Path, tmp_path: Path) -> None:
     data = f"data.path={video_dataset}"
-    whole = run_cli_here(*TINY, data, "trainer.max_steps=8", f"log.log_dir={tmp_path / 'a'}", cwd=tmp_path)
+    # The uninterrupted run exports, and measures the export's latent statistics on a few clips of the videos.
+    stats = ("log.export_on_end=true", "log.latent_stats_clips=4")
+    whole = run_cli_here(*TINY, data, *stats, "trainer.max_steps=8", f"log.log_dir={tmp_path / 'a'}", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
     first = run_cli_here(*TINY, data, "trainer.max_steps=4", f"log.log_dir={tmp_path / 'b'}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -71,6 +74,10 @@ def test_resumed_run_continues_the_data_stream(video_dataset: Path, tmp_path: Pa
     for step in range(4, 8):  # and the resumed run trains exactly like the uninterrupted one
         assert lb[step] == pytest.approx(la[step], rel=1e-4), (step, la, lb)
     assert any(r.get("val/psnr") for r in read_metrics(tmp_path / "a" / "tiny_cv8x8x8"))
+    # The export's latent statistics come from the run's own videos (the encoder trained: none to copy).
+    assert f"measured on 4 clips of {video_dataset}" in whole.stdout
+    mean, std = torch.load(tmp_path / "a" / "tiny_cv8x8x8" / "export" / "mean_std.pt", weights_only=True)
+    assert mean.shape == std.shape == (16, 16) and torch.isfinite(mean).all() and (std > 0).all()
 
 
 def test_preflight_refuses_clips_the_videos_cannot_give(video_dataset: Path, tmp_path: Path) -> None:

@@ -25,6 +25,10 @@ their position in the checkpoint (energon's saved state, the synthetic clips' st
 PYTREE_LEAFSPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 """Lightning's own use of a torch API that torch deprecated: nothing a user can act on."""
 
+PIN_MEMORY_ON_CPU = ".*'pin_memory' argument is set as true but no accelerator is found"
+"""torch's note, once per loader, that energon's loaders ask for pinned memory on a machine without a GPU: it is
+then simply not used, which is right on a CPU."""
+
 
 def show_warning(
     message: Warning | str,
@@ -58,6 +62,7 @@ def quiet_launch() -> Iterator[None]:
             warnings.showwarning = show_warning
             warnings.filterwarnings("ignore", message=NOT_RESUMABLE)
             warnings.filterwarnings("ignore", message=PYTREE_LEAFSPEC)
+            warnings.filterwarnings("ignore", message=PIN_MEMORY_ON_CPU)
             yield
     finally:
         for name, level in levels.items():
