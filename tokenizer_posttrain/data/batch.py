@@ -25,4 +25,4 @@ CLIP_SIZE = 256
 PREFETCH = 6
 """Batches each loader worker may prepare ahead by default (energon's ``prefetch_factor``): torch's 2 starved the
 step on real footage, since batches are handed over in order and a worker whose clips decoded slowly holds up
-the others (docs/benchmarks.md, "Session 13")."""
+the others (docs/benchmarks.md, "Real footage in the loop")."""

@@ -151,7 +151,7 @@ class _NHWCGradient(torch.autograd.Function):
 
     Where a gradient comes back NCHW to a convolution's NHWC output (Inductor's slice backward of the gates sliced by
     channel, instance norm's backward, the upsampling's softmax), cuDNN's backward convolution converts it with a
-    slow aten copy at every call (docs/benchmarks.md, sessions 17 and 18). Asked for here, the conversion happens
+    slow aten copy at every call (docs/benchmarks.md, "Flow term alone"). Asked for here, the conversion happens
     inside Inductor's fused kernel that makes the gradient.
     """
 
@@ -205,7 +205,7 @@ class RAFTFlow(nn.Module):
         for module in self.raft.modules():
             # Instance norm (the feature encoder's) returns NCHW whatever its input, and its backward pass hands
             # back an NCHW gradient: the convolutions beside it would convert their inputs and gradients at every
-            # call (aten copies; docs/benchmarks.md, session 18).
+            # call (aten copies; docs/benchmarks.md, "Measurements the source code cites").
             if not isinstance(module, nn.InstanceNorm2d):
                 continue
             if _nhwc_output not in module._forward_hooks.values():
