@@ -1,5 +1,6 @@
-"""What a run reports while it trains: loggers, learning rates, throughput and memory, the progress bar,
-validation videos, which videos each step read (and which were skipped), and the summary at the end."""
+"""What a run reports while it trains: loggers, learning rates, throughput and memory, the progress (a bar in a
+terminal, plain lines in a log file), validation videos, which videos each step read (and which were skipped), and
+the summary and loss curve of the whole run at the end."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from rich.text import Text
 from torch import Tensor
 
 from ..core.errors import DataError
-from ..core.progress import LineProgress, format_duration, format_rate, is_terminal
+from ..core.progress import LineProgress, format_duration, format_rate, is_terminal, progress_interval
 from ..data.batch import DAMAGED_SHARD, IN_DAMAGED_SHARD, KEYS, SKIPPED, VIDEO
 from ..evaluation.media import side_by_side_frames, write_mp4
 from .step_guard import is_log_step
@@ -318,7 +319,8 @@ class LineProgressBar(ProgressBar):
 
     def __init__(self, interval: float | None = None) -> None:
         super().__init__()
-        self.interval = interval
+        # Read now: a bad setting stops the launch, not the fit after its setup.
+        self.interval = progress_interval() if interval is None else interval
         self._enabled = True
         self._line: LineProgress | None = None
         self._val_started = 0.0
