@@ -9,11 +9,10 @@ would print under it.
 from __future__ import annotations
 
 import logging
-import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import Any
 
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning")
 
@@ -30,40 +29,33 @@ PIN_MEMORY_ON_CPU = ".*'pin_memory' argument is set as true but no accelerator i
 then simply not used, which is right on a CPU."""
 
 
-def show_warning(
-    message: Warning | str,
-    category: type[Warning],
-    filename: str,
-    lineno: int,
-    file: TextIO | None = None,
-    line: str | None = None,
-) -> None:
-    """Print a warning as ``warning: <message>`` on stderr (the message is written for users; the file and source
-    line of the ``warn`` call would only be noise under it)."""
-    stream = file if file is not None else sys.stderr
-    try:
-        stream.write(f"warning: {message}\n")
-        stream.flush()
-    except (OSError, ValueError):  # a closed or broken stream: the warning has nowhere to go
-        pass
+def one_line_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
+    """A warning as ``warning: <message>`` (the message is written for users; the file and source line of the
+    ``warn`` call would only be noise under it)."""
+    return f"warning: {message}\n"
 
 
 @contextmanager
 def quiet_launch() -> Iterator[None]:
-    """Lightning's INFO lines off, warnings on one line, and the two warnings that are false or not the user's
+    """Lightning's INFO lines off, warnings on one line, and the warnings that are false or not the user's
     filtered, for the duration of a launch; everything as it was afterwards."""
     levels: dict[str, Any] = {}
+    # The format, not ``showwarning``: replacing that would also bypass whoever records warnings around us.
+    formatting = warnings.formatwarning
+    warnings.formatwarning = one_line_warning
     for name in LIGHTNING_LOGGERS:
         logger = logging.getLogger(name)
         levels[name] = logger.level
         logger.setLevel(logging.WARNING)
     try:
         with warnings.catch_warnings():
-            warnings.showwarning = show_warning
             warnings.filterwarnings("ignore", message=NOT_RESUMABLE)
             warnings.filterwarnings("ignore", message=PYTREE_LEAFSPEC)
             warnings.filterwarnings("ignore", message=PIN_MEMORY_ON_CPU)
             yield
     finally:
+        warnings.formatwarning = formatting
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
