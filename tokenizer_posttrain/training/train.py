@@ -247,6 +247,11 @@ def check_data(data: DataConfig, world_size: int, seed: int, processes: int = 1,
     return replace(data, prefetch=prefetch)
 
 
+CPU_STATS_CLIPS = 16
+"""End-of-run latent statistics clips on a CPU: enough for a usable ``mean_std.pt`` in seconds on the tiny models;
+a real run measures them on a GPU, or sets ``log.latent_stats_clips``."""
+
+
 def default_stats_clips(log: LogConfig) -> int:
     """Clips for the end-of-run latent statistics: ``log.latent_stats_clips``, else as many as agree to 1% on a GPU
     (:data:`~..evaluation.latent_stats.STATS_CLIPS`) and a few on a CPU, where each clip costs seconds."""
@@ -255,11 +260,6 @@ def default_stats_clips(log: LogConfig) -> int:
     if log.latent_stats_clips is not None:
         return log.latent_stats_clips
     return STATS_CLIPS if torch.cuda.is_available() else CPU_STATS_CLIPS
-
-
-CPU_STATS_CLIPS = 16
-"""End-of-run latent statistics clips on a CPU: enough for a usable ``mean_std.pt`` in seconds on the tiny models;
-a real run measures them on a GPU, or sets ``log.latent_stats_clips``."""
 
 
 def export_latent_stats(
