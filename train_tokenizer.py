@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 8 train_tokenizer.py --yes \
         model.model=Cosmos-1.0-Tokenizer-CV8x8x8 model.jit_ckpt_pth=/ckpts/CV8x8x8 trainer.max_steps=1000
 
-``--factory tiny`` runs a tiny model on the CPU; see README.md for every override.
+``--factory tiny`` runs a tiny model on the CPU; docs/overrides.md lists every override.
 """
 
 import sys

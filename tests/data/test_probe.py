@@ -235,7 +235,7 @@ def test_clip_problems_long_gop_warns_with_the_decoding_it_costs() -> None:
     message = problems[0].message
     assert "every 250 frames" in message and "about 158 frames, 3.9x the pixels" in message
     assert "make-shards --transcode (a keyframe" in message and "data.start=keyframe" in message
-    assert "README, Real footage" in message
+    assert "docs/data.md, Real footage" in message
     # One keyframe in 132 frames: only 100 starts, 49.5 frames wasted on average; keyframe starts not offered.
     (single,) = clip_problems(_info(frames=132, keyframes=1), 33, 256)
     assert "about 82 frames, 2.0x" in single.message and "data.start" not in single.message

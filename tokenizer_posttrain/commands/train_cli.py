@@ -42,7 +42,7 @@ def cli_error_message(err: Exception) -> str:
     if "key" in context:
         return (
             f"cannot apply override {context['key']}={context.get('value')}: no such setting "
-            "(see the override table in README.md, or run with --help)"
+            "(docs/overrides.md lists them, as does --help)"
         )
     override = str(context.get("expected_type", ""))
     found = re.search(r"Failed to parse '([^']*)' as <class '(\w+)'>", str(getattr(err, "arg", err)))

@@ -380,7 +380,7 @@ def clip_problems(info: VideoInfo, frames: int, crop: int, resize_short_side: in
         ratio = decoded / decoded_per_clip(TRANSCODED_GOP, frames, info.frames)
         if ratio >= LONG_GOP_RATIO:
             # Keyframe starts need a few keyframes to start from; with one, every clip would open the video.
-            other = " (or set data.start=keyframe: README, Clip starts)" if info.keyframes >= 4 else ""
+            other = " (or set data.start=keyframe: docs/data.md, Clip starts)" if info.keyframes >= 4 else ""
             flag, pixels = _smaller_transcode(info, resize_short_side)
             of_size = f" of {shown_width}x{shown_height}" if flag else ""
             problems.append(
@@ -390,7 +390,7 @@ def clip_problems(info: VideoInfo, frames: int, crop: int, resize_short_side: in
                     f"a keyframe every {gop:.0f} frames: a {frames}-frame clip from a random start decodes about "
                     f"{decoded:.0f} frames{of_size}, {ratio * pixels:.1f}x the pixels it would decode from shards "
                     f"made with make-shards --transcode{flag} (a keyframe every {TRANSCODED_GOP}, encoded for fast "
-                    f"decoding); transcode them for a faster loader (README, Real footage: measured "
+                    f"decoding); transcode them for a faster loader (docs/data.md, Real footage: measured "
                     f"speed-ups){other}",
                 )
             )

@@ -35,7 +35,7 @@ def _require(ok: bool, key: str, value: object, what: str) -> None:
 
 
 MAX_PREFETCH = 64
-"""The most batches a loader worker may prepare ahead: 6 keep a GPU fed on real footage (README, "Real footage");
+"""The most batches a loader worker may prepare ahead: 6 keep a GPU fed on real footage (docs/data.md, "Real footage");
 torch's loader queues every one of them at its start, so a huge value is a hang where no shared-memory check
 catches it first."""
 
@@ -106,7 +106,7 @@ class ModelConfig:
     compile_cache: str = "run"
     """Where the compiled step is kept for later launches of the run (a resume, a requeue on another node):
     'run' = <run folder>/compile_cache/, a folder path, or 'none' (off). Written by rank 0, loaded by every rank
-    only when signed with your key (the README's compile-cache section says why and what invalidates it)."""
+    only when signed with your key (docs/multi-gpu.md, "The compile cache", says why and what invalidates it)."""
     cuda_graphs: bool = False
     """Replay the compiled step as CUDA graphs (torch.compile's reduce-overhead mode), so the host
     launches a step's thousands of kernels in one call; needs model.compile=true and
@@ -165,7 +165,7 @@ class DataConfig:
     """Random crops cut from each decoded stretch of frames, each a clip of its own (same frames, own offset and
     flip): the decoding, most of the loader's work, is paid once for all of them. They land side by side in a
     micro-batch (data.micro_batch_size must be a multiple), so a batch holds fewer distinct stretches of video
-    (README, "Several crops per decode"). Real data only: synthetic clips are made one by one."""
+    (docs/data.md, "Several crops per decode"). Real data only: synthetic clips are made one by one."""
     prefetch: Optional[int] = None
     """Batches each loader worker may prepare ahead (energon's prefetch_factor). The loader hands batches over
     in order, so while it waits for one worker's batch the others can only work this far ahead; each costs a
@@ -184,7 +184,7 @@ class DataConfig:
     start: str = "uniform"
     """Where clips start: ``uniform`` (every frame alike) or ``keyframe`` (at a keyframe or up to
     data.keyframe_window frames after it: no decoding of frames a clip does not use, much faster on long-GOP
-    footage, at the cost of clips that start at the same few places; README, "Clip starts")."""
+    footage, at the cost of clips that start at the same few places; docs/data.md, "Clip starts")."""
     keyframe_window: int = 4
     """With data.start=keyframe: the frames after a keyframe a clip may start at (0: only at keyframes)."""
     decode: str = "cpu"

@@ -90,7 +90,7 @@ class TokenizerModel(pl.LightningModule):
                 f"loss.gan.adaptive_every={gan.adaptive_every}: with loss.consistency on, the last trained weight "
                 f"({last}) before the decoder's last layer, or LoRA dropout on it, each computation of the adaptive "
                 "weight takes two more backward passes of network and loss; loss.gan.adaptive_every=8 (or null) "
-                "computes it every 8 steps (README, Adversarial fine-tuning)",
+                "computes it every 8 steps (docs/loss.md, Adversarial fine-tuning)",
                 stacklevel=2,
             )
         self.acceleration = StepAcceleration(self.model_config)
