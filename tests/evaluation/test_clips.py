@@ -9,7 +9,7 @@ import torch
 
 from tests.videos import encode_video, write_energon_dataset
 from tokenizer_posttrain.core.errors import EvaluationError
-from tokenizer_posttrain.evaluation.clips import open_clips
+from tokenizer_posttrain.evaluation.clips import held_out_clips, open_clips, video_fps
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -75,3 +75,38 @@ def _error(data: Path) -> BaseException | None:
     except Exception as err:  # noqa: BLE001 - the test looks at whatever was raised
         return err
     return None
+
+
+def test_several_clips_per_video_the_same_in_every_evaluation(train_only: Path) -> None:
+    # Before: one clip per held-out video, so two videos (one held out) gave a verdict on one clip.
+    def clips() -> list[tuple[str, str, torch.Tensor]]:
+        _, stream = held_out_clips(str(train_only), 9, 24, 24, None, [], clips_per_video=3)
+        return list(stream)
+
+    first = clips()
+    # The ordered pass first (the keys as they were), then passes of random starts and crops, video by video.
+    assert [key for key, _, _ in first[:3]] == ["t0", "t1", "t2"]
+    assert sorted(key for key, _, _ in first[3:]) == ["t0#2", "t0#3", "t1#2", "t1#3", "t2#2", "t2#3"]
+    assert all(key.split("#")[0] == video for key, video, _ in first)
+    again = clips()  # the baseline before training and the evaluation after it see the same pixels
+    assert [k for k, _, _ in again] == [k for k, _, _ in first]
+    assert all(torch.equal(a, b) for (_, _, a), (_, _, b) in zip(first, again, strict=True))
+    crops = {key: clip for key, _, clip in first}
+    assert not torch.equal(crops["t0"], crops["t0#2"])
+
+
+def test_the_frame_rate_of_a_video_comes_from_the_manifest_or_its_shard(tmp_path: Path) -> None:
+    data = write_energon_dataset(
+        tmp_path / "data", {"a": encode_video(9, 32, 32, fps=25), "b": encode_video(9, 32, 32)}
+    )
+    assert video_fps(str(data), ["a", "b", "missing"]) == {"a": 25.0, "b": 10.0}  # read from the shard
+    (data / "manifest.jsonl").write_text('{"key": "a", "fps": 29.97}\nnot json\n{"key": "b", "fps": "fast"}\n')
+    assert video_fps(str(data), ["a", "b"]) == {"a": 29.97, "b": 10.0}  # the manifest first, a bad entry ignored
+
+
+def test_a_video_file_given_as_data_says_to_make_a_dataset_of_its_folder(tmp_path: Path) -> None:
+    # Before: the fix said `make-shards clip.mp4 OUT`, which fails: make-shards takes a folder.
+    video = tmp_path / "clip.mp4"
+    video.write_bytes(encode_video(9, 32, 32))
+    with pytest.raises(EvaluationError, match=r"make-shards VIDEOS \(a folder with your videos\) OUT"):
+        open_clips(str(video), 9, 32, 32, None, [])

@@ -1,14 +1,22 @@
-"""Clips of an energon dataset for evaluation and latent statistics: the trainer's own loaders, one pass."""
+"""Clips of an energon dataset for evaluation and latent statistics: the trainer's own loaders, one pass (or
+several, for several clips per held-out video), and the frame rate of the videos they come from."""
 
 from __future__ import annotations
 
+import itertools
+import json
+import tarfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 from torch import Tensor
 
-from ..core.errors import EvaluationError
+from ..core.errors import EvaluationError, UserError
+
+MANIFEST = "manifest.jsonl"
+"""What ``data_tools make-shards`` writes beside the shards: one JSON line per video (key, fps, size...)."""
+_MANIFEST_LINE = 1 << 16  # longer lines are not make-shards' and are not read
 
 
 def open_clips(
@@ -44,9 +52,12 @@ def open_clips(
 
     path = Path(data).expanduser()
     if not (path / ".nv-meta").is_dir():
+        # make-shards takes a folder: name that folder, not a file given by mistake.
+        videos = "VIDEOS (a folder with your videos)" if path.is_file() else str(path)
         raise EvaluationError(
             f"{path} is not an energon dataset (no .nv-meta folder); make one from a folder of videos with "
-            f"`python -m data_tools make-shards {path} OUT --val-fraction 0.05` (or `prepare` for tar shards)"
+            f"`python -m data_tools make-shards {videos} OUT --val-fraction 0.05` and pass OUT (or `prepare` for a "
+            "folder of tar shards)"
         )
     splits = dataset_splits(path)
     if not {"val", "train"} & splits:
@@ -94,3 +105,103 @@ def open_clips(
         skipped.extend(encoder.take_skipped())
 
     return source, clips()
+
+
+def held_out_clips(
+    data: str,
+    frames: int,
+    height: int,
+    width: int,
+    resize_short_side: int | None,
+    skipped: list[str],
+    clips_per_video: int,
+) -> tuple[str, Iterator[tuple[str, str, Tensor]]]:
+    """(which split, iterator of ``(clip key, video key, clip)``): up to ``clips_per_video`` clips of each video of
+    the val split (else the train split), one pass over the videos after the other, so that stopping early still
+    spreads the clips over every video.
+
+    The first pass is :func:`open_clips`' ordered one (middle frames, centre crop: clip key = video key); pass
+    ``n`` >= 1 draws a random start and crop per video from seed ``n`` (clip key ``<video key>#<n + 1>``). Every
+    draw comes from its seed, so two evaluations of the same data see the same pixels (a model and its baseline,
+    or the baseline before and after training). Skipped videos are named once, in ``skipped``."""
+    if clips_per_video < 1:
+        raise EvaluationError(f"clips_per_video must be >= 1, got {clips_per_video}")
+    source, first = open_clips(data, frames, height, width, resize_short_side, skipped)
+
+    def passes() -> Iterator[tuple[str, str, Tensor]]:
+        for key, clip in first:
+            yield key, key, clip
+        for n in range(1, clips_per_video):
+            # Opened only when the previous pass is used up: a caller that stops early never decodes it.
+            _, clips = open_clips(data, frames, height, width, resize_short_side, [], seed=n)
+            found = False
+            for key, clip in clips:
+                found = True
+                yield f"{key}#{n + 1}", key, clip
+            if not found:
+                return
+
+    return source, passes()
+
+
+def video_fps(data: str, keys: list[str]) -> dict[str, float]:
+    """The frame rate of the videos ``keys`` of the energon dataset ``data``: from make-shards' ``manifest.jsonl``
+    when there is one, else read from their mp4 in the shards. Keys whose rate cannot be found are left out."""
+    path = Path(data).expanduser()
+    wanted = set(keys)
+    found = _manifest_fps(path / MANIFEST, wanted)
+    missing = wanted - set(found)
+    if missing:
+        found.update(_shard_fps(path, missing))
+    return found
+
+
+def _manifest_fps(manifest: Path, wanted: set[str]) -> dict[str, float]:
+    found: dict[str, float] = {}
+    if not manifest.is_file():  # a regular file only: a FIFO would block the read
+        return found
+    try:
+        with manifest.open(encoding="utf-8", errors="replace") as lines:
+            for line in iter(lambda: lines.readline(_MANIFEST_LINE), ""):
+                if len(found) == len(wanted):
+                    break
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                fps = entry.get("fps") if isinstance(entry, dict) else None
+                key = entry.get("key") if isinstance(entry, dict) else None
+                if key in wanted and isinstance(fps, int | float) and 0 < fps < 1000:
+                    found[key] = float(fps)
+    except OSError:
+        pass  # the rate is a nicety of the report's videos: an unreadable manifest leaves it to the shards
+    return found
+
+
+def _shard_fps(path: Path, wanted: set[str]) -> dict[str, float]:
+    import av
+
+    from ..data.layout import dataset_splits
+    from ..data.preflight import split_shards
+    from ..data.task_encoder import VIDEO_MEMBER
+
+    found: dict[str, float] = {}
+    try:
+        shards = itertools.chain.from_iterable(split_shards(path, split) for split in sorted(dataset_splits(path)))
+        for shard in shards:
+            if len(found) == len(wanted):
+                break
+            if not shard.is_file():
+                continue
+            with tarfile.open(shard) as tar:
+                for member in tar:  # headers only: the videos are not read, but for the ones asked for
+                    key, _, ext = member.name.rpartition(".")
+                    if ext != VIDEO_MEMBER or key not in wanted or not member.isreg():
+                        continue
+                    with av.open(tar.extractfile(member)) as container:
+                        rate = container.streams.video[0].average_rate if container.streams.video else None
+                    if rate and 0 < float(rate) < 1000:
+                        found[key] = float(rate)
+    except (OSError, tarfile.TarError, av.FFmpegError, UserError, ValueError):
+        pass  # as above: a damaged shard is the loader's to report, not this lookup's
+    return found
