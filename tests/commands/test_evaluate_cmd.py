@@ -18,6 +18,7 @@ from tests.evaluation.test_evaluate import (  # noqa: F401 - dataset and empty_h
     video_shape,
 )
 from tokenizer_posttrain.commands.evaluate_cmd import register
+from tokenizer_posttrain.evaluation.media import LABEL_HEIGHT, PANEL_MIN_WIDTH
 
 
 def cli(*argv: str) -> int:
@@ -46,6 +47,8 @@ def test_cli_writes_the_report_without_baseline(
         "64",
         "--max-clips",
         "2",
+        "--clips-per-video",
+        "1",
     )
     printed = capsys.readouterr().out
     assert code == 0, printed
@@ -55,7 +58,8 @@ def test_cli_writes_the_report_without_baseline(
     assert results["n_clips"] == 2 and results["dtype"] == "fp32"
     # Two clips, two videos per side: each clip once, input | post-trained.
     assert [v["kind"] for v in results["videos"]] == ["best", "best"]
-    assert video_shape(out / results["videos"][0]["path"]) == (FRAMES, SIZE, 2 * SIZE)
+    scale = -(-PANEL_MIN_WIDTH // SIZE)
+    assert video_shape(out / results["videos"][0]["path"]) == (FRAMES, LABEL_HEIGHT + scale * SIZE, 2 * scale * SIZE)
 
 
 @pytest.mark.parametrize(
@@ -83,3 +87,17 @@ def test_cli_errors_are_one_line(
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
     assert message in err
     assert not (tmp_path / "results.json").exists()
+
+
+def test_cli_prints_the_verdict_and_says_how_to_get_one(
+    dataset: Path,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    options = ["--checkpoint", CV, "--baseline", CV, "--data", str(dataset), "--out", str(tmp_path), "--frames", "9"]
+    assert cli(*options, "--size", "64", "--max-clips", "1") == 0
+    printed = capsys.readouterr().out
+    assert f"1 clip of 1 video of {dataset}" in printed
+    assert "post-trained tokenizer: inconclusive against the base: PSNR" in printed
+    # The hint names this command's own options.
+    assert "for a verdict: at least 8 clips (--max-clips; up to --clips-per-video per video)" in printed

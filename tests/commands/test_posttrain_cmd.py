@@ -34,3 +34,15 @@ def test_help_names_allow_worse_and_the_exit_codes() -> None:
     assert vars(root.parse_args(["posttrain", "--base", "b", "--videos", "v", "--out", "o", "--allow-worse"]))[
         "allow_worse"
     ]
+
+
+def test_help_says_how_the_statistics_clips_and_the_verdict_follow_the_run() -> None:
+    from tokenizer_posttrain.commands.posttrain_cmd import register
+
+    root = argparse.ArgumentParser()
+    register(root.add_subparsers(dest="command"))
+    parser = root._subparsers._group_actions[0].choices["posttrain"]  # noqa: SLF001 - argparse keeps them there
+    text = " ".join(parser.format_help().split())
+    assert "a quarter of the clips training sees (steps x batch size), at least 16 and at most 400" in text
+    assert "up to 8 per held-out video" in text and "a verdict needs at least 8" in text
+    assert "outputs/tiny_cv8x8x8/export on a CPU" in text

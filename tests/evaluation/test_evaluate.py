@@ -25,6 +25,7 @@ from tests.videos import encode_video, write_energon_dataset
 from tokenizer_posttrain.data.energon import EnergonVideoDataModule
 from tokenizer_posttrain.data.task_encoder import ClipSpec
 from tokenizer_posttrain.evaluation.evaluate import evaluate
+from tokenizer_posttrain.evaluation.media import LABEL_HEIGHT, PANEL_MIN_WIDTH
 from tokenizer_posttrain.io.checkpoint import load_tokenizer
 from tokenizer_posttrain.losses.perceptual import VGG16_FILE
 
@@ -74,13 +75,22 @@ def runs(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, t
     for name, ckpt in (("cv", CV), ("dv", DV)):
         for kind, model in (("same", ckpt), ("perturbed", perturbed(ckpt, tmp / f"{name}.safetensors"))):
             folder = tmp / f"{name}_{kind}"
-            results = evaluate(model, str(dataset), str(folder), baseline=ckpt, frames=FRAMES, size=SIZE)
+            # One clip per video: the clips of these tests are the videos (several per video: their own test).
+            results = evaluate(
+                model, str(dataset), str(folder), baseline=ckpt, frames=FRAMES, size=SIZE, clips_per_video=1
+            )
             out[f"{name}_{kind}"] = results, folder
     return out
 
 
 def read_results(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "results.json").read_text())
+
+
+def video_rate(path: Path) -> float:
+    """Frames per second of an mp4, as its stream says."""
+    with av.open(str(path)) as container:
+        return float(container.streams.video[0].average_rate)
 
 
 def video_shape(path: Path) -> tuple[int, int, int]:
@@ -100,6 +110,7 @@ def test_results_against_the_same_model(runs: dict, dataset: Path) -> None:
     results, folder = runs["cv_same"]
     assert read_results(folder) == json.loads(json.dumps(results))  # the file is what evaluate returned
     assert results["n_clips"] == 3 and results["per_clip"]["keys"] == VAL_KEYS
+    assert results["n_videos"] == 3 and results["per_clip"]["videos"] == VAL_KEYS and results["drift_limit"] == 0.05
     assert results["data"] == {"path": str(dataset), "source": "energon val split"}
     assert results["clip"] == {"frames": FRAMES, "height": SIZE, "width": SIZE, "resize_short_side": None}
     assert results["model"]["name"] == results["baseline"]["name"] == "CV8x8x8"
@@ -158,7 +169,10 @@ def test_report_links_plots_and_three_panel_videos(runs: dict) -> None:
     base, model = results["baseline_metrics"]["psnr"], results["metrics"]["psnr"]
     assert f"PSNR {base:.2f} -> {model:.2f} dB" in report and "- verdict: **" in report
     same = (runs["cv_same"][1] / "report.md").read_text()
-    assert "- verdict: **no better than the base: PSNR" in same
+    # Three clips are too few for a verdict, and an unchanged model is no better.
+    assert "- verdict: **inconclusive against the base: PSNR" in same and "only 3 clips; a verdict needs" in same
+    drift = results["comparison"]["latent_drift"]
+    assert ("- **drift: latent drift" in report) == (drift > 0.05) and "- **drift:" not in same
     links = re.findall(r"\]\(([^)]+)\)", report)
     assert {"psnr_per_clip.png", "error_histogram.png"} <= set(links)
     assert all((folder / link).is_file() for link in links)
@@ -167,9 +181,13 @@ def test_report_links_plots_and_three_panel_videos(runs: dict) -> None:
     assert [(v["kind"], v["rank"]) for v in videos] == [("best", 1), ("best", 2), ("worst", 1)]  # 3 clips: no repeats
     psnr = dict(zip(results["per_clip"]["keys"], results["per_clip"]["model"]["psnr"], strict=True))
     assert videos[0]["psnr"] == max(psnr.values()) and videos[-1]["psnr"] == min(psnr.values())
+    scale = -(-PANEL_MIN_WIDTH // SIZE)
     for video in videos:
         assert video["path"] in links and video["panels"] == ["input", "baseline", "post-trained"]
-        assert video_shape(folder / video["path"]) == (FRAMES, SIZE, 3 * SIZE)
+        # Named panels above the clip, scaled up to be seen, at the source's 10 fps (before: always 8).
+        assert video_shape(folder / video["path"]) == (FRAMES, LABEL_HEIGHT + scale * SIZE, 3 * scale * SIZE)
+        assert video["fps"] == 10.0 and video_rate(folder / video["path"]) == 10.0
+    assert "input | baseline | post-trained" in report and "10 fps" in report
 
 
 def test_lpips_is_null_with_a_reason_without_vgg_weights(runs: dict) -> None:
@@ -198,3 +216,20 @@ def test_train_split_when_there_is_no_val_split(tmp_path: Path) -> None:
 
 
 # -- command line ----------------------------------------------------------------------------------------------
+
+
+def test_several_clips_per_held_out_video_and_a_verdict_on_them(dataset: Path, tmp_path: Path) -> None:
+    # Before: one clip per video, whatever --max-clips asked for.
+    model = perturbed(CV, tmp_path / "cv.safetensors")
+    results = evaluate(model, str(dataset), str(tmp_path / "out"), baseline=CV, frames=FRAMES, size=SIZE, max_clips=8)
+    keys = results["per_clip"]["keys"]
+    assert results["n_clips"] == 8 and results["n_videos"] == 3 and keys[:3] == VAL_KEYS
+    # Each further pass visits every video once, in its own shuffled order.
+    assert sorted(keys[3:6]) == [f"{key}#2" for key in VAL_KEYS] and {k[-2:] for k in keys[6:]} == {"#3"}
+    assert results["per_clip"]["videos"] == [key.split("#")[0] for key in keys]
+    assert len(results["skipped"]) == 1  # the short video, named once
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "8 clips of 3 videos" in report and "- verdict: **" in report and "on 8 held-out clips of 3 videos" in report
+    # Limited per video: 3 videos x 2 clips.
+    two = evaluate(CV, str(dataset), str(tmp_path / "two"), frames=FRAMES, size=SIZE, clips_per_video=2)
+    assert two["n_clips"] == 6

@@ -108,7 +108,7 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
         batch_size=2,
         num_workers=0,
         val_fraction=0.5,
-        eval_clips=4,
+        eval_clips=8,
         stats_clips=2,
         formats="cosmos diffusers",
     )
@@ -116,6 +116,16 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["psnr_after"] > summary["psnr_before"] + 1.0, summary
     assert summary["verdict"] == "better" and "post-trained tokenizer: better than the base: PSNR" in result.stdout
+    # Eight clips of the one held-out video (before: one clip, however many --eval-clips asked for).
+    assert (summary["held_out_clips"], summary["held_out_videos"]) == (8, 1)
+    assert "on 8 held-out clips of 1 video" in summary["verdict_line"]
+    # Absolute paths, the run's settings and where the time went.
+    run = tmp_path / "run"
+    assert summary["base"] == str(base) and summary["run"] == str(run) and summary["export"] == str(run / "export")
+    assert summary["report"] == str(run / "eval" / "report.md") and summary["data"] == str(run / "data")
+    assert summary["steps"] == 12 and summary["chosen"]["lr"] == 1e-3
+    assert {"shards", "baseline_eval", "train", "latent_stats", "eval", "total"} <= set(summary["timings_s"])
+    assert "time (min): shards " in result.stdout
     export = tmp_path / "run" / "export"
     assert {"encoder.jit", "decoder.jit", "autoencoder.jit", "model.safetensors", "README.md"} <= {
         p.name for p in export.iterdir()
@@ -126,7 +136,10 @@ def test_posttrain_beats_its_starting_point_on_held_out_clips(tmp_path: Path, ba
     # The model card comes from the run's own settings (it said base None and synthetic clips before).
     card = (export / "README.md").read_text()
     assert f"from `{base}`" in card and f"`{tmp_path / 'run' / 'data'}`, clips 9x64x64" in card, card
-    assert "| steps | 12 |" in card
+    assert "| steps | 12 |" in card and "| learning rate | 0.001 (cosine schedule, 1 warmup steps) |" in card
+    # The tiny model is the CV8x8x8 architecture at width 16, not the released model; metrics rounded.
+    assert card.startswith("# CV8x8x8 architecture at width 16 (post-trained; not the released")
+    assert f"| psnr | {summary['psnr_before']:.2f} | {summary['psnr_after']:.2f} |" in card
     assert card.splitlines()[2].startswith("**Verdict: better than the base: PSNR ")
     # The base has no latent statistics: the export's are computed from the training clips (two random 121-frame
     # chunks of the train split's one video, in two passes), and there is no base to show a shift against.
@@ -148,7 +161,7 @@ def test_a_post_trained_tokenizer_worse_than_its_base_says_so_and_exits_3(
     # The videos' shards are made already (shards; making them is the held-out test's part of the workflow).
     base, _, _ = base_with_stats
     options = dict(steps=2, lr="1.0", frames=9, size=32, resize_short_side=64, batch_size=1, num_workers=0)
-    options.update(eval_clips=1, stats_clips=1)
+    options.update(eval_clips=8, stats_clips=1)
     result = posttrain(base, shards, tmp_path / "run", **options)
     assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -159,6 +172,15 @@ def test_a_post_trained_tokenizer_worse_than_its_base_says_so_and_exits_3(
         f"error: the post-trained tokenizer is WORSE than the base: held-out PSNR {summary['psnr_before']:.2f} -> "
     )
     assert "pass --allow-worse to accept it" in result.stderr and "Traceback" not in result.stderr
+    # The wrecked encoder moved the latents far past the limit: flagged in the summary, the report and the card.
+    drift = summary["drift_warning"]
+    assert drift.startswith("latent drift ") and "is above the limit 0.05" in drift and summary["latent_drift"] > 0.05
+    assert f"warning: {drift}" in result.stdout and "--max-latent-drift" in result.stdout
+    assert f"- **drift: {drift}**" in (tmp_path / "run" / "eval" / "report.md").read_text()
+    assert f"**Warning: {drift}.**" in (tmp_path / "run" / "export" / "README.md").read_text()
+    # Every hint names posttrain's own options, never the training run's settings.
+    for setting in ("trainer.", "log.name", "log.latent_stats_clips", "optim.", "resume."):
+        assert setting not in result.stdout + result.stderr, setting
     # Everything is written before the verdict: the card records it, the files stay to be looked at.
     export = tmp_path / "run" / "export"
     assert f"**Verdict: {worse}" in (export / "README.md").read_text()
@@ -199,11 +221,20 @@ def test_sweep_picks_a_configuration_within_the_drift_limit(
         env={"NEMORUN_HOME": str(tmp_path / "nemo_run")},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # One held-out clip decides nothing: inconclusive, with the reason, and the options that give a verdict.
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (
+        summary["verdict"] == "inconclusive" and summary["verdict_reason"] == "only 1 clip; a verdict needs at least 8"
+    )
+    assert "post-trained tokenizer: inconclusive against the base: PSNR" in result.stdout
+    assert "for a verdict: at least 8 held-out clips (--eval-clips; up to 8 per held-out video" in result.stdout
+    assert "--val-fraction" in result.stdout
+    card = (tmp_path / "run" / "export" / "README.md").read_text()
+    assert "**Verdict: inconclusive against the base: PSNR" in card and "only 1 clip" in card
     choice = json.loads((tmp_path / "run" / "sweep" / "choice.json").read_text())
     # only decoder-only training leaves the latents exactly as they were
     assert choice == {"chosen": {"lr": 1e-3, "trainable": "decoder", "lora_rank": 0}, "within_drift": True}
     assert len(list((tmp_path / "run" / "sweep").glob("sweep_*/export/autoencoder.jit"))) == 3
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["chosen"]["trainable"] == "decoder"
     # Only the decoder trained: the latent space did not move, so the base's statistics are copied unchanged, and
     # recomputing them on the data the base's came from gives the base's numbers.
@@ -309,3 +340,54 @@ def test_the_gan_stage_reaches_the_training_run_and_bad_settings_stop_before_any
     rows = [r for r in read_metrics(tmp_path / "run" / "train") if r.get("train/loss")]
     # --gan-start defaults to half the steps: the discriminator trains from step 2.
     assert [bool(r.get("train/gan_d")) for r in rows] == [False, False, True, True]
+
+
+def test_training_messages_name_posttrain_options() -> None:
+    from tokenizer_posttrain.workflow.posttrain import in_posttrain_terms
+
+    # Messages of the training run inside posttrain (before: `raise trainer.max_steps`, `another log.name`).
+    changed = (
+        "/r/last.ckpt was written by a run with other settings (optim.lr: 0.001 -> 0.0001; model.lora.rank: 0 -> 8); "
+        "start a new run with another log.name=..., or resume with these changes anyway with resume.allow_changes=true"
+    )
+    assert in_posttrain_terms(changed) == (
+        "/r/last.ckpt was written by a run with other settings (--lr: 0.001 -> 0.0001; --lora-rank: 0 -> 8); "
+        "start afresh with another --out"
+    )
+    busy = "/r is in use by another run: pid 7; wait for it, choose another run folder with log.name=..., or delete x"
+    assert (
+        in_posttrain_terms(busy) == "/r is in use by another run: pid 7; wait for it, choose another --out, or delete x"
+    )
+    assert in_posttrain_terms("raise trainer.max_steps") == "raise --steps"
+
+
+def test_a_finished_training_run_is_exported_as_it_is_and_changed_settings_name_posttrain_options(
+    tmp_path: Path, base_with_stats: tuple, shards: Path
+) -> None:
+    from tokenizer_posttrain.workflow.posttrain import _train_variant
+
+    base, _, _ = base_with_stats
+    args = (load_tokenizer(base).config.full_name, 16, str(base), str(shards), str(tmp_path), "train", 1)
+    common = dict(frames=9, size=32, resize_short_side=64, batch_size=1, num_workers=0, accelerator="cpu")
+    common.update(trainable="all", lora_rank=0, perceptual=0.0)
+    with captured_output() as output:
+        export = _train_variant(*args, lr=1e-3, **common)
+    assert (export / "autoencoder.jit").is_file() and not (export / "mean_std.pt").exists()  # posttrain measures them
+    (export / "autoencoder.jit").unlink()
+    with captured_output() as output:
+        again = _train_variant(*args, lr=1e-3, **common)  # a rerun of the same job: nothing to train
+    assert again == export and (export / "autoencoder.jit").is_file()
+    assert "already reached step 1 of --steps 1; not trained again" in output[0]
+    with pytest.raises(UserError) as raised:
+        _train_variant(*args, lr=1e-3, **{**common, "trainable": "decoder"})
+    message = str(raised.value)
+    assert "(--trainable: 'all' -> 'decoder')" in message and message.endswith("start afresh with another --out")
+    assert "model." not in message and "log.name" not in message and "allow_changes" not in message
+
+
+def test_the_statistics_clips_follow_the_run() -> None:
+    from tokenizer_posttrain.workflow.posttrain import default_stats_clips
+
+    # Before: 400 clips whatever the run (15 minutes on a CPU after 0.9 minutes of training).
+    assert default_stats_clips(40, 2) == 20  # the CPU example: a quarter of the 80 training clips
+    assert default_stats_clips(10, 1) == 16 and default_stats_clips(2000, 1) == 400  # at least 16, at most 400

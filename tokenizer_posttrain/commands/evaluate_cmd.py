@@ -1,7 +1,9 @@
 """evaluate: metrics of a tokenizer on held-out clips, before/after against a baseline, with a report.
 
 Clips are the middle frames and the centre crop of each video of an energon dataset (its val split, else its train
-split), so the model and the baseline see the same pixels and reruns give the same numbers.
+split), then, while --max-clips wants more, random starts and crops drawn from fixed seeds (up to --clips-per-video
+per video), so the model and the baseline see the same pixels and reruns give the same numbers. With a baseline, the
+verdict is better, worse or inconclusive (fewer than 8 clips, or a change within the clips' spread).
 Writes OUT/results.json, OUT/report.md, PSNR and error plots, and side-by-side mp4s of the best and worst clips.
 """
 
@@ -10,6 +12,8 @@ from __future__ import annotations
 import argparse
 
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
+from ..evaluation.evaluate import EVAL_CLIPS_PER_VIDEO
+from ..evaluation.report import LATENT_DRIFT_LIMIT, MIN_VERDICT_CLIPS
 from .guard import run_guarded
 
 
@@ -20,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from ..evaluation.evaluate import evaluate
-    from ..evaluation.report import format_table
+    from ..evaluation.report import drift_warning, format_table, verdict
 
     results = evaluate(
         checkpoint=args.checkpoint,
@@ -35,9 +39,22 @@ def _evaluate(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         videos_per_side=args.videos_per_side,
         vgg_weights=args.vgg_weights,
+        clips_per_video=args.clips_per_video,
+        drift_limit=args.max_latent_drift,
     )
-    print(f"{results['n_clips']} clips of {results['data']['path']} ({results['data']['source']})")
+    data = results["data"]
+    clips, videos = results["n_clips"], results["n_videos"]
+    counted = f"{clips} clip{'s' if clips != 1 else ''} of {videos} video{'s' if videos != 1 else ''}"
+    print(f"{counted} of {data['path']} ({data['source']})")
     print(format_table(results))
+    judged = verdict(results)
+    if judged is not None:
+        print(f"post-trained tokenizer: {judged.line}")
+        if judged.word == "inconclusive" and judged.clips < MIN_VERDICT_CLIPS:
+            print(f"for a verdict: at least {MIN_VERDICT_CLIPS} clips (--max-clips; up to --clips-per-video per video)")
+    drift = drift_warning(results)
+    if drift:
+        print(f"warning: {drift} (--max-latent-drift sets the limit)")
     if results["skipped"]:
         print(f"skipped {len(results['skipped'])} videos (listed in the report)")
     print(f"report: {args.out.rstrip('/')}/report.md")
@@ -80,6 +97,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--resize-short-side", type=_positive, default=None, help="resize frames to this short side before cropping"
     )
     parser.add_argument("--max-clips", type=_positive, default=64, help="evaluate at most this many clips (64)")
+    parser.add_argument(
+        "--clips-per-video",
+        type=_positive,
+        default=EVAL_CLIPS_PER_VIDEO,
+        help=f"clips at most from one video: the centred one, then random starts and crops ({EVAL_CLIPS_PER_VIDEO})",
+    )
+    parser.add_argument(
+        "--max-latent-drift",
+        type=float,
+        default=LATENT_DRIFT_LIMIT,
+        help=f"flag a latent drift (CV) or token flip rate (DV) against the baseline above this ({LATENT_DRIFT_LIMIT})",
+    )
     parser.add_argument("--videos-per-side", type=int, default=2, help="best and worst clips written as mp4 (2)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="network precision (fp32)")

@@ -20,14 +20,19 @@ from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..io.checkpoint import load_tokenizer
 from ..losses.perceptual import VGG16_FILE, VGG16_URL, PerceptualLoss, find_vgg16_weights
 from ..network import CausalVideoTokenizer
-from .clips import open_clips
+from .clips import held_out_clips, video_fps
 from .inference import DTYPES
 from .latent_shift import stats_shift
 from .latent_stats import read_latent_stats
 from .media import to_frames, to_uint8
 from .metrics import clip_psnr, clip_ssim, codebook_stats, latent_drift, temporal_flicker, token_flip_rate
+from .report import LATENT_DRIFT_LIMIT
 
 PER_CLIP = ("psnr", "ssim", "lpips", "flicker")
+EVAL_CLIPS_PER_VIDEO = 8
+"""Clips drawn at most from one held-out video (the first centred, the others at random starts and crops): a
+verdict needs several clips (:data:`.report.MIN_VERDICT_CLIPS`) even from a few held-out videos, while clips
+overlapping in one video add less and less."""
 LPIPS_NOTE = (
     "VGG16 perceptual distance of the training loss (LPIPS input scaling, weighted L1 of relu1_2..relu5_3 "
     "features); comparable between runs with the same VGG file, not the calibrated LPIPS network"
@@ -85,7 +90,11 @@ def _perceptual(vgg_weights: str | None, device: str, notes: dict[str, str]) -> 
         path = find_vgg16_weights(vgg_weights)
     except FileNotFoundError:
         cache = Path(torch.hub.get_dir()) / "checkpoints" / VGG16_FILE
-        notes["lpips"] = f"not computed: no VGG16 weights at {cache}; put {VGG16_URL} there or pass --vgg-weights FILE"
+        # Flag-free where it counts: posttrain's report reads this too, and posttrain has no --vgg-weights.
+        notes["lpips"] = (
+            f"not computed: no VGG16 weights at {cache}; put {VGG16_URL} there (the evaluate command also takes "
+            "--vgg-weights FILE)"
+        )
         return None
     notes["lpips"] = f"{LPIPS_NOTE}; weights {path}"
     return PerceptualLoss(str(path), frame_chunk=8).to(device)
@@ -124,12 +133,18 @@ def evaluate(
     dtype: str = "fp32",
     videos_per_side: int = 2,
     vgg_weights: str | None = None,
+    clips_per_video: int = EVAL_CLIPS_PER_VIDEO,
+    drift_limit: float = LATENT_DRIFT_LIMIT,
 ) -> dict[str, Any]:
     """Evaluate ``checkpoint`` (and ``baseline``) on up to ``max_clips`` held-out clips of the energon dataset ``data``.
 
     Clips are the middle ``frames`` frames and the centre ``size`` x ``size`` crop (after resizing the short side
-    to ``resize_short_side`` when given) of the val split, else of the train split. Defaults: the training
-    clip (``data.batch.CLIP_FRAMES`` x ``CLIP_SIZE`` x ``CLIP_SIZE``, as ``data.*`` defaults to), 64 clips.
+    to ``resize_short_side`` when given) of each video of the val split, else of the train split; while clips
+    are wanted, further passes draw up to ``clips_per_video`` clips per video in all, each from a random start and
+    crop drawn from the pass's seed (the same in every evaluation: :func:`.clips.held_out_clips`). Defaults: the
+    training clip (``data.batch.CLIP_FRAMES`` x ``CLIP_SIZE`` x ``CLIP_SIZE``, as ``data.*`` defaults to), 64
+    clips, 8 per video. A latent drift (CV) or token flip rate (DV) against the baseline above ``drift_limit``
+    is flagged in the report.
     ``dtype`` (``fp32`` or ``bf16``) is the precision the networks run in; metrics are computed in fp32.
     ``vgg_weights`` is the VGG16 file for the perceptual distance (default: torch hub cache; missing there ->
     ``lpips`` null with the reason).
@@ -142,8 +157,8 @@ def evaluate(
         dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
     if dtype not in DTYPES:
         raise EvaluationError(f"dtype {dtype!r} is not one of fp32, bf16")
-    if max_clips < 1 or videos_per_side < 0:
-        raise EvaluationError("max_clips must be >= 1 and videos_per_side >= 0")
+    if max_clips < 1 or videos_per_side < 0 or clips_per_video < 1:
+        raise EvaluationError("max_clips and clips_per_video must be >= 1, videos_per_side >= 0")
     if not Path(data).expanduser().exists():  # before loading the networks: fail in a blink
         raise EvaluationError(f"data {data} does not exist")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -160,15 +175,16 @@ def evaluate(
     notes: dict[str, str] = {}
     perceptual = _perceptual(vgg_weights, device, notes)
     skipped: list[str] = []
-    source, clips = open_clips(data, frames, size, size, resize_short_side, skipped)
+    source, clips = held_out_clips(data, frames, size, size, resize_short_side, skipped, clips_per_video)
 
     keys: list[str] = []
+    videos: list[str] = []  # the video each clip was cut from
     comparison: dict[str, list[float]] = {}
     psnr = sides["model"].per_clip["psnr"]
     panels: dict[int, list[Tensor]] = {}  # uint8 [T, H, W, 3] per panel, only of clips that may be shown
     # Up to max_clips: a dataset with fewer ends sooner. Lines in a log file, a bar in a terminal (core.progress).
     with torch.inference_mode(), progress("evaluate", max_clips, "clips") as clip_progress:
-        for key, clip in clips:
+        for key, video_key, clip in clips:
             video = clip.unsqueeze(0).to(device)
             outputs = {which: side.run(video, perceptual) for which, side in sides.items()}
             if baseline is not None:
@@ -176,6 +192,7 @@ def evaluate(
                 if name:
                     comparison.setdefault(name, []).append(values)
             keys.append(key)
+            videos.append(video_key)
             clip_progress.update(len(keys), mean_psnr=f"{sum(psnr) / len(psnr):.2f} dB")
             shown = [video, *([outputs["baseline"][0]] if baseline is not None else []), outputs["model"][0]]
             panels[len(keys) - 1] = [to_frames(v[0]) for v in shown]
@@ -198,6 +215,8 @@ def evaluate(
         "device": device,
         "dtype": dtype,
         "n_clips": len(keys),
+        "n_videos": len(set(videos)),
+        "drift_limit": drift_limit,
         "skipped": skipped,
         # Flat model means plus baseline_metrics: the layout the export command's model card reads.
         "metrics": model_means,
@@ -210,6 +229,7 @@ def evaluate(
         },
         "per_clip": {
             "keys": keys,
+            "videos": videos,
             **{which: {k: (v or None) for k, v in side.per_clip.items()} for which, side in sides.items()},
             **comparison,
         },
@@ -222,7 +242,9 @@ def evaluate(
             results["latent_stats_shift"] = stats_shift(new, old)
     ranked = sorted(range(len(keys)), key=lambda i: -psnr[i])
     labels = ["input", *(["baseline"] if baseline is not None else []), "post-trained"]
-    selection = [(kind, rank, keys[i], psnr[i], panels[i]) for kind, rank, i in _select(ranked, videos_per_side)]
+    chosen = _select(ranked, videos_per_side)
+    rates = video_fps(data, sorted({videos[i] for _, _, i in chosen}))
+    selection = [(kind, rank, keys[i], psnr[i], panels[i], rates.get(videos[i])) for kind, rank, i in chosen]
     results["videos"] = report.write_videos(Path(out_dir), selection, labels)
     report.write_report(results, Path(out_dir))
     return results

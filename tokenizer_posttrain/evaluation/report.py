@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from .latent_shift import shift_markdown
-from .media import write_mp4
+from .media import labelled_panels, write_mp4
 
 RESULTS_JSON = "results.json"
 REPORT_MD = "report.md"
@@ -38,48 +39,143 @@ COMPARISONS = (
 )
 
 
+MIN_VERDICT_CLIPS = 8
+"""Held-out clips a verdict needs: a mean over fewer says too little about footage the model has not seen."""
+SPREAD_SIGMAS = 2.0
+"""A change counts when the mean per-clip PSNR change is more than this many standard errors of it from 0 (about
+95% of the means such clips would give lie within it)."""
+LATENT_DRIFT_LIMIT = 0.05
+"""Latent drift (CV) or token flip rate (DV) above which a world model trained on the base's latents is off: the
+sweep's default limit (``posttrain --max-latent-drift``), flagged in the report, the summary and the model card."""
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """How a post-trained tokenizer compares with its base on the same held-out clips, by PSNR (dB)."""
+    """How a post-trained tokenizer compares with its base on the same held-out clips, by PSNR (dB).
+
+    ``before`` and ``after`` are the mean PSNRs; ``spread`` is the standard error of the mean per-clip change
+    (None with fewer than two clips); ``videos`` the held-out videos the clips came from (None: not known).
+    The change counts only with at least :data:`MIN_VERDICT_CLIPS` clips and when it is more than
+    :data:`SPREAD_SIGMAS` standard errors from 0; otherwise the verdict is ``inconclusive``, with the reason.
+    """
 
     before: float
     after: float
     clips: int
+    spread: float | None = None
+    videos: int | None = None
+
+    @classmethod
+    def of(cls, before: Sequence[float], after: Sequence[float], videos: int | None = None) -> Verdict:
+        """The verdict of per-clip PSNRs of the base (``before``) and the post-trained model (``after``), clip by
+        clip the same clips. Clips where either PSNR is not finite (a perfect or a broken reconstruction) stay in
+        the means but not in the spread; a NaN mean makes the verdict ``worse``."""
+        if len(before) != len(after) or not before:
+            raise ValueError(f"a verdict needs the same clips on both sides, got {len(before)} and {len(after)}")
+        changes = [a - b for b, a in zip(before, after, strict=True) if math.isfinite(a) and math.isfinite(b)]
+        spread = None
+        if len(changes) >= 2:
+            mean = sum(changes) / len(changes)
+            variance = sum((c - mean) ** 2 for c in changes) / (len(changes) - 1)
+            spread = math.sqrt(variance / len(changes))
+        return cls(sum(before) / len(before), sum(after) / len(after), len(before), spread, videos)
 
     @property
-    def worse(self) -> bool:
-        """Any drop counts (the clips are the same, the evaluation deterministic); a NaN PSNR is worse too."""
-        return not self.after >= self.before
+    def change(self) -> float:
+        """Mean PSNR change (dB), post-trained minus base."""
+        return self.after - self.before
+
+    @property
+    def reason(self) -> str | None:
+        """Why the verdict is ``inconclusive`` (None when it is not)."""
+        if math.isnan(self.after):
+            return None  # a broken model is worse, however few the clips
+        if math.isnan(self.before):
+            return "the base's PSNR is NaN"
+        if self.clips < MIN_VERDICT_CLIPS:
+            return f"only {_clips(self.clips)}; a verdict needs at least {MIN_VERDICT_CLIPS}"
+        if self.spread is None:
+            return "the PSNR of too few clips is finite to measure their spread"
+        if self.change == 0 and self.spread == 0:
+            return "the PSNR did not change"
+        if abs(self.change) <= SPREAD_SIGMAS * self.spread:
+            return (
+                f"the change is within the clips' own spread (±{SPREAD_SIGMAS * self.spread:.3f} dB, "
+                f"{SPREAD_SIGMAS:g} standard errors of the mean change)"
+            )
+        return None
 
     @property
     def word(self) -> str:
-        """``worse``, ``better`` or ``unchanged``."""
-        return "worse" if self.worse else "better" if self.after > self.before else "unchanged"
+        """``better``, ``worse`` or ``inconclusive``."""
+        if math.isnan(self.after):
+            return "worse"
+        if self.reason is not None:
+            return "inconclusive"
+        return "better" if self.change > 0 else "worse"
+
+    @property
+    def worse(self) -> bool:
+        """Worse beyond the clips' spread, or broken (a NaN PSNR)."""
+        return self.word == "worse"
 
     @property
     def line(self) -> str:
-        """One line for the terminal, the model card and the report, e.g. ``WORSE than the base: PSNR 6.34 ->
-        5.92 dB (-0.420 dB) on 4 held-out clips``."""
+        """One line for the terminal, the model card and the report, e.g. ``WORSE than the base: PSNR 16.34 ->
+        15.92 dB (-0.420 ± 0.102 dB) on 12 held-out clips of 3 videos``; an inconclusive one ends with its
+        reason."""
         label = {
             "worse": "WORSE than the base",
             "better": "better than the base",
-            "unchanged": "no better than the base",
+            "inconclusive": "inconclusive against the base",
         }
-        change = self.after - self.before
-        return (
-            f"{label[self.word]}: PSNR {self.before:.2f} -> {self.after:.2f} dB ({change:+.3f} dB) "
-            f"on {self.clips} held-out clip{'s' if self.clips != 1 else ''}"
+        spread = f" ± {SPREAD_SIGMAS * self.spread:.3f}" if self.spread is not None else ""
+        of = f" of {self.videos} video{'s' if self.videos != 1 else ''}" if self.videos else ""
+        line = (
+            f"{label[self.word]}: PSNR {self.before:.2f} -> {self.after:.2f} dB ({self.change:+.3f}{spread} dB) "
+            f"on {self.clips} held-out clip{'s' if self.clips != 1 else ''}{of}"
         )
+        return f"{line}: {self.reason}" if self.word == "inconclusive" else line
+
+
+def _clips(count: int) -> str:
+    return f"{count} clip{'s' if count != 1 else ''}"
 
 
 def verdict(results: dict[str, Any]) -> Verdict | None:
-    """The verdict of an evaluation against a baseline (:func:`.evaluate.evaluate` with ``baseline``); None
-    without a baseline PSNR."""
+    """The verdict of an evaluation against a baseline (:func:`.evaluate.evaluate` with ``baseline``), from its
+    per-clip PSNRs; None without a baseline PSNR."""
     base = (results.get("baseline_metrics") or {}).get("psnr")
     after = (results.get("metrics") or {}).get("psnr")
     if base is None or after is None:
         return None
-    return Verdict(float(base), float(after), int(results.get("n_clips") or 0))
+    per_clip = results.get("per_clip") or {}
+    before_clips = (per_clip.get("baseline") or {}).get("psnr")
+    after_clips = (per_clip.get("model") or {}).get("psnr")
+    videos = results.get("n_videos")
+    if before_clips and after_clips and len(before_clips) == len(after_clips):
+        # results.json writes a non-finite PSNR as null: read it back as NaN.
+        return Verdict.of(_floats(before_clips), _floats(after_clips), videos)
+    return Verdict(float(base), float(after), int(results.get("n_clips") or 0), None, videos)
+
+
+def _floats(values: list[float | None]) -> list[float]:
+    return [math.nan if v is None else float(v) for v in values]
+
+
+def drift_warning(results: dict[str, Any]) -> str | None:
+    """One line when the latent drift (CV) or token flip rate (DV) against the baseline is above the limit
+    (``results["drift_limit"]``, default :data:`LATENT_DRIFT_LIMIT`); None when it is within it or not measured."""
+    limit = results.get("drift_limit", LATENT_DRIFT_LIMIT)
+    comparison = results.get("comparison") or {}
+    for key, what in (("latent_drift", "latent drift"), ("token_flip_rate", "token flip rate")):
+        value = comparison.get(key)
+        if value is not None and limit is not None and value > limit:
+            return (
+                f"{what} {value:.3f} is above the limit {limit:g}: a world model trained on the base's "
+                f"{'latents' if key == 'latent_drift' else 'tokens'} would need fine-tuning on the new ones"
+            )
+    return None
 
 
 def safe_name(key: str) -> str:
@@ -118,18 +214,37 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
-def write_videos(
-    out_dir: Path, selection: list[tuple[str, int, str, float, list[torch.Tensor]]], labels: list[str]
-) -> list[dict[str, Any]]:
-    """Write one side-by-side mp4 (panels left to right, as ``labels``) per selected clip; returns their entries.
+UNKNOWN_FPS = 24.0
+"""Frame rate of a report video whose source's rate cannot be found (a dataset not made by make-shards whose
+shard cannot be read)."""
 
-    ``selection`` holds (``best``|``worst``, rank, clip key, PSNR, uint8 ``[T, H, W, 3]`` panels).
+
+def write_videos(
+    out_dir: Path,
+    selection: list[tuple[str, int, str, float, list[torch.Tensor], float | None]],
+    labels: list[str],
+) -> list[dict[str, Any]]:
+    """Write one side-by-side mp4 per selected clip, its panels named above them (``labels``, left to right) and
+    played at its source's frame rate; returns their entries.
+
+    ``selection`` holds (``best``|``worst``, rank, clip key, PSNR, uint8 ``[T, H, W, 3]`` panels, the source
+    video's frames per second or None when unknown: then :data:`UNKNOWN_FPS`).
     """
     entries = []
-    for kind, rank, key, psnr, panels in selection:
+    for kind, rank, key, psnr, panels, fps in selection:
         relative = f"{VIDEO_DIR}/{kind}{rank}_{safe_name(key)}.mp4"
-        write_mp4(out_dir / relative, torch.cat(panels, dim=2))
-        entries.append({"kind": kind, "rank": rank, "key": key, "psnr": psnr, "path": relative, "panels": labels})
+        write_mp4(out_dir / relative, labelled_panels(panels, labels), fps=fps or UNKNOWN_FPS)
+        entries.append(
+            {
+                "kind": kind,
+                "rank": rank,
+                "key": key,
+                "psnr": psnr,
+                "path": relative,
+                "panels": labels,
+                "fps": fps,
+            }
+        )
     return entries
 
 
@@ -138,29 +253,42 @@ def _finite(values: list[float] | None) -> list[float]:
 
 
 def plot_psnr(results: dict[str, Any], path: Path) -> Path:
-    """PSNR per clip: baseline vs post-trained scatter (above the diagonal = better), else sorted bars."""
+    """PSNR per clip. With a baseline: each clip's baseline and post-trained PSNR joined by a line (up: better),
+    clips ordered by their change, the mean change and the clips' spread in the title; one clip is one such pair.
+    Without: the clips' PSNR as bars, best first."""
     from matplotlib.figure import Figure
 
-    model = results["per_clip"]["model"]["psnr"]
-    base = (results["per_clip"].get("baseline") or {}).get("psnr")
-    fig = Figure(figsize=(5.5, 4.5), layout="tight")
+    per_clip = results["per_clip"]
+    model = per_clip["model"]["psnr"]
+    base = (per_clip.get("baseline") or {}).get("psnr")
+    fig = Figure(figsize=(max(5.5, min(12.0, 2.5 + 0.25 * len(model))), 4.5), layout="tight")
     ax = fig.add_subplot()
+    keys = per_clip["keys"]
     if base:
-        pairs = [(b, m) for b, m in zip(base, model, strict=True) if math.isfinite(b) and math.isfinite(m)]
-        xs, ys = zip(*pairs, strict=True) if pairs else ((), ())
-        ax.scatter(xs, ys, s=18, alpha=0.8)
-        if pairs:
-            lo, hi = min(*xs, *ys) - 0.5, max(*xs, *ys) + 0.5
-            ax.plot([lo, hi], [lo, hi], color="grey", linewidth=1, linestyle="--", label="no change")
-            ax.legend(loc="upper left")
-        ax.set_xlabel("baseline PSNR (dB)")
-        ax.set_ylabel("post-trained PSNR (dB)")
+        pairs = [(k, b, m) for k, b, m in zip(keys, base, model, strict=True) if _finite([b]) and _finite([m])]
+        pairs.sort(key=lambda pair: pair[2] - pair[1])
+        for x, (_, b, m) in enumerate(pairs):
+            ax.plot([x, x], [b, m], color="grey", linewidth=1, zorder=1)
+        xs = range(len(pairs))
+        ax.scatter(xs, [b for _, b, _ in pairs], s=24, label="baseline", zorder=2)
+        ax.scatter(xs, [m for _, _, m in pairs], s=24, marker="D", label="post-trained", zorder=2)
+        ax.set_xlabel("clip (ordered by PSNR change)")
+        ax.legend(loc="best")
+        judged = verdict(results)
+        title = f"PSNR per clip: {judged.word}" if judged else "PSNR per clip"
+        if judged is not None:
+            spread = f" ± {SPREAD_SIGMAS * judged.spread:.2f}" if judged.spread is not None else ""
+            title += f", mean change {judged.change:+.2f}{spread} dB"
     else:
-        values = sorted(_finite(model), reverse=True)
-        ax.bar(range(len(values)), values)
-        ax.set_xlabel("clip (sorted by PSNR)")
-        ax.set_ylabel("PSNR (dB)")
-    ax.set_title(f"PSNR per clip ({results['n_clips']} clips)")
+        pairs = sorted(((k, m, m) for k, m in zip(keys, model, strict=True) if _finite([m])), key=lambda p: -p[2])
+        ax.bar(range(len(pairs)), [m for _, _, m in pairs])
+        ax.set_xlabel("clip (best first)")
+        title = "PSNR per clip"
+    if len(pairs) <= 12:  # few clips: name them (one clip is a single, named point)
+        ax.set_xticks(range(len(pairs)), [k for k, _, _ in pairs], rotation=30, ha="right", fontsize=8)
+        ax.set_xlim(-0.75, len(pairs) - 0.25)
+    ax.set_ylabel("PSNR (dB)")
+    ax.set_title(f"{title}\n({_clips_of(results)})", fontsize=10)
     fig.savefig(path, dpi=100)
     return path
 
@@ -208,10 +336,12 @@ def _markdown(results: dict[str, Any]) -> str:
         "",
         f"- post-trained: **{model['name']}** `{model['checkpoint']}`",
         f"- baseline: **{base['name']}** `{base['checkpoint']}`" if base else "- baseline: none",
-        f"- data: `{results['data']['path']}` ({results['data']['source']}), {results['n_clips']} clips of "
-        f"{clip['frames']}x{clip['height']}x{clip['width']} (middle frames, centre crop{resize})",
+        f"- data: `{results['data']['path']}` ({results['data']['source']}), {_clips_of(results)} of "
+        f"{clip['frames']}x{clip['height']}x{clip['width']} (per video: the middle frames and centre crop, then "
+        f"random starts and crops of fixed seeds{resize})",
         f"- run on {results['device']} in {results['dtype']}",
         *([f"- verdict: **{judged.line}**"] if (judged := verdict(results)) else []),
+        *([f"- **drift: {drifted}**"] if (drifted := drift_warning(results)) else []),
         "",
         "| metric | baseline | post-trained | change |",
         "|---|---|---|---|",
@@ -226,11 +356,14 @@ def _markdown(results: dict[str, Any]) -> str:
         lines += [
             "## Best and worst clips by post-trained PSNR",
             "",
-            f"Panels: {' | '.join(results['videos'][0]['panels'])}",
+            f"Panels, named above them: {' | '.join(results['videos'][0]['panels'])}; played at the source's "
+            "frame rate.",
             "",
         ]
         lines += [
-            f"- {v['kind']} {v['rank']}: `{v['key']}`, {_fmt('{:.2f}', v['psnr'])} dB: [{v['path']}]({v['path']})"
+            f"- {v['kind']} {v['rank']}: `{v['key']}`, {_fmt('{:.2f}', v['psnr'])} dB, "
+            f"{_fmt('{:.3g}', v.get('fps') or UNKNOWN_FPS)} fps{'' if v.get('fps') else ' (source rate unknown)'}: "
+            f"[{v['path']}]({v['path']})"
             for v in results["videos"]
         ]
         lines.append("")
@@ -241,6 +374,13 @@ def _markdown(results: dict[str, Any]) -> str:
         lines.append(f"| `{key}` | {before} | {_fmt('{:.2f}', per_clip['model']['psnr'][i])} |")
     sections = card_sections(results)
     return "\n".join([*lines, "", *sections] if sections else lines) + "\n"
+
+
+def _clips_of(results: dict[str, Any]) -> str:
+    """``12 clips of 3 videos`` (the video count is missing from results of earlier releases)."""
+    clips, videos = results["n_clips"], results.get("n_videos")
+    text = f"{clips} clip{'s' if clips != 1 else ''}"
+    return f"{text} of {videos} video{'s' if videos != 1 else ''}" if videos else text
 
 
 def card_sections(results: dict[str, Any]) -> list[str]:

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Literal, Optional
 
 from ..core.errors import CheckpointError, DataError, UserError, WorseThanBaseError
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.layout import dataset_splits
+from ..evaluation.evaluate import EVAL_CLIPS_PER_VIDEO
 from ..evaluation.latent_stats import (
     IMAGE_MEAN_STD,
     MEAN_STD,
@@ -27,9 +30,17 @@ from ..evaluation.latent_stats import (
     read_latent_stats,
     stats_folder,
 )
-from ..evaluation.report import Verdict, card_sections
+from ..evaluation.report import (
+    LATENT_DRIFT_LIMIT,
+    MIN_VERDICT_CLIPS,
+    SPREAD_SIGMAS,
+    card_sections,
+    drift_warning,
+    verdict,
+)
 from ..io.checkpoint import MODEL_FLAG, load_tokenizer, read_weights, resolve_config
 from ..io.diffusers_format import PIPELINE_SUBFOLDER, diffusers_config, normalizes, write_diffusers
+from ..io.export import CHUNK_FRAMES, export_tokenizer
 from ..io.model_card import checkpoint_card
 from ..losses.gan import GANConfig
 from ..losses.perceptual import find_vgg16_weights
@@ -98,6 +109,58 @@ def perceptual_weight_or_default(requested: float | None) -> float:
     return 0.1
 
 
+STATS_CLIPS_MIN = 16
+"""Fewest clips posttrain's default measures the latent statistics on (about 5% between two seeds)."""
+STATS_SHARE = 4
+"""posttrain's default statistics clips: the clips training saw (steps x batch size) over this, between
+:data:`STATS_CLIPS_MIN` and :data:`~..evaluation.latent_stats.STATS_CLIPS`: a short trial run gets rough
+statistics in seconds instead of a quarter of an hour, the default 2000-step run the full 400."""
+
+
+def default_stats_clips(steps: int, batch_size: int) -> int:
+    """The statistics clips of a run of ``steps`` optimizer steps of ``batch_size`` clips (see :data:`STATS_SHARE`)."""
+    return max(STATS_CLIPS_MIN, min(STATS_CLIPS, steps * batch_size // STATS_SHARE))
+
+
+FLAGS = {
+    "trainer.max_steps": "--steps",
+    "optim.lr": "--lr",
+    "model.trainable": "--trainable",
+    "model.lora.rank": "--lora-rank",
+    "model.jit_ckpt_pth": "--base",
+    "model.model": "--model",
+    "data.frames": "--frames",
+    "data.height": "--size",
+    "data.width": "--size",
+    "data.resize_short_side": "--resize-short-side",
+    "data.micro_batch_size": "--batch-size",
+    "data.global_batch_size": "--batch-size",
+    "data.num_workers": "--num-workers",
+    "data.path": "--videos",
+    "trainer.accelerator": "--accelerator",
+    "loss.perceptual_weight": "--perceptual-weight",
+    "loss.gan.weight": "--gan-weight",
+    "loss.gan.disc_start": "--gan-start",
+    "loss.gan.gen_start": "--gan-start",
+}
+"""The training settings posttrain sets from its own options: messages of the training run name the option."""
+_OTHER_RUN = (
+    (re.compile(r"(choose )?another run folder with log\.name=\.\.\."), "choose another --out"),
+    (re.compile(r"(start )?a new run with another log\.name(=\.\.\.)?"), "start afresh with another --out"),
+    (re.compile(r",? or resume with (these changes anyway with )?resume\.allow_changes=true( \([^)]*\))?"), ""),
+)
+
+
+def in_posttrain_terms(message: str) -> str:
+    """A training run's message with the settings posttrain sets named by posttrain's options (``--steps``, not
+    ``trainer.max_steps``), a new run folder as another ``--out``, and the fixes posttrain has no option for
+    (``resume.allow_changes``) left out."""
+    for pattern, replacement in _OTHER_RUN:
+        message = pattern.sub(replacement, message)
+    keys = sorted(FLAGS, key=len, reverse=True)  # model.lora.rank before a shorter key it starts with
+    return re.sub("|".join(re.escape(k) for k in keys), lambda m: FLAGS[m.group(0)], message)
+
+
 def _train_variant(
     model_name: str,
     channels: int,
@@ -119,43 +182,64 @@ def _train_variant(
     gan_weight: float = 0.0,
     gan_start: int = 0,
 ) -> Path:
-    """Train one configuration into ``run_dir/name``; returns its export folder.
+    """Train one configuration into ``run_dir/name`` and export its last checkpoint to ``run_dir/name/export``
+    (without latent statistics: posttrain measures them with its own options); returns the export folder. A run
+    folder whose checkpoint already reached ``steps`` with these settings is exported as it is.
 
     Plain arguments only: NeMo-Run serialises the sweep's tasks."""
+    from ..training.resume import check_same_run, checkpoint_step, current_settings, find_resume_checkpoint
     from ..training.train import train
 
     has_val = "val" in dataset_splits(data_path)
-    train(
-        model=ModelConfig(
-            model=model_name,
-            jit_ckpt_pth=base,
-            channels=channels,
-            trainable=trainable,
-            lora=LoRAConfig(rank=lora_rank),
-        ),
-        data=DataConfig(
-            path=str(data_path),
-            frames=frames,
-            height=size,
-            width=size,
-            resize_short_side=resize_short_side,
-            global_batch_size=batch_size,
-            micro_batch_size=batch_size,
-            num_workers=num_workers,
-        ),
-        trainer=TrainerConfig(
-            accelerator=accelerator,
-            max_steps=steps,
-            devices="1",
-            val_check_interval=max(1, steps // 4) if has_val else steps,
-            checkpoint_every_n_steps=max(1, steps // 4),
-        ),
-        optim=OptimConfig(lr=lr, schedule="cosine", warmup_steps=max(1, steps // 20)),
-        resume=ResumeConfig(),
-        log=LogConfig(log_dir=str(run_dir), name=name),
-        loss=LossConfig(perceptual_weight=perceptual, gan=gan_config(gan_weight, gan_start)),
+    model = ModelConfig(
+        model=model_name, jit_ckpt_pth=base, channels=channels, trainable=trainable, lora=LoRAConfig(rank=lora_rank)
     )
-    return Path(run_dir) / name / "export"
+    data = DataConfig(
+        path=str(data_path),
+        frames=frames,
+        height=size,
+        width=size,
+        resize_short_side=resize_short_side,
+        global_batch_size=batch_size,
+        micro_batch_size=batch_size,
+        num_workers=num_workers,
+    )
+    loss = LossConfig(perceptual_weight=perceptual, gan=gan_config(gan_weight, gan_start))
+    ckpt_dir = Path(run_dir) / name / "checkpoints"
+    try:
+        done = find_resume_checkpoint(ckpt_dir, ResumeConfig())
+        if done is not None and checkpoint_step(done) >= steps:
+            # The training run would only say so, in its own settings' names: say it in ours, and export.
+            check_same_run(done, current_settings(model, data, loss))
+            print(
+                f"training: {Path(run_dir) / name} already reached step {checkpoint_step(done)} of --steps {steps}; "
+                "not trained again (another --out starts afresh, more --steps trains on)",
+                flush=True,
+            )
+        else:
+            train(
+                model=model,
+                data=data,
+                trainer=TrainerConfig(
+                    accelerator=accelerator,
+                    max_steps=steps,
+                    devices="1",
+                    val_check_interval=max(1, steps // 4) if has_val else steps,
+                    checkpoint_every_n_steps=max(1, steps // 4),
+                ),
+                optim=OptimConfig(lr=lr, schedule="cosine", warmup_steps=max(1, steps // 20)),
+                resume=ResumeConfig(),
+                # No export at the end: its latent statistics would be measured twice, the second time with
+                # posttrain's --stats-clips; posttrain exports the last checkpoint below.
+                log=LogConfig(log_dir=str(run_dir), name=name, export_on_end=False),
+                loss=loss,
+            )
+            done = find_resume_checkpoint(ckpt_dir, ResumeConfig())
+    except (UserError, ValueError) as err:
+        raise UserError(in_posttrain_terms(str(err))) from None
+    if done is None:
+        raise CheckpointError(f"the training run in {Path(run_dir) / name} left no checkpoint in {ckpt_dir}")
+    return export_tokenizer(load_tokenizer(done), Path(run_dir) / name / "export")
 
 
 def posttrain(
@@ -181,21 +265,23 @@ def posttrain(
     sweep: bool = False,
     sweep_steps: int = 50,
     sweep_lrs: Optional[list[float]] = None,
-    max_latent_drift: float = 0.05,
+    max_latent_drift: float = LATENT_DRIFT_LIMIT,
     allow_worse: bool = False,
-    stats_clips: int = STATS_CLIPS,
+    stats_clips: Optional[int] = None,
     formats: Optional[list[str]] = None,
 ) -> dict:
     """Post-train ``base`` on ``videos``: shards, baseline evaluation, training, evaluation, export with a model
     card. Returns the summary (also written to ``out/summary.json``).
 
-    When the post-trained tokenizer's PSNR on the held-out clips is lower than the base's, the summary says
-    "WORSE than the base: PSNR a -> b dB", the model card and ``summary.json`` record the verdict, and (unless
-    ``allow_worse``) it raises :class:`~tokenizer_posttrain.core.errors.WorseThanBaseError` after writing every
-    file: the ``posttrain`` command then exits with code 3.
+    The verdict compares the held-out PSNR clip by clip: "better" or "WORSE than the base" when the mean change
+    is larger than the clips' own spread (2 standard errors) on at least 8 clips, else "inconclusive" with the
+    reason. When worse, the model card and ``summary.json`` record it and (unless ``allow_worse``) it raises
+    :class:`~tokenizer_posttrain.core.errors.WorseThanBaseError` after writing every file: the ``posttrain``
+    command then exits with code 3.
 
     Args:
-        base: base checkpoint (a folder with autoencoder.jit, or encoder.jit + decoder.jit, or a file)
+        base: base checkpoint (a folder with autoencoder.jit, or encoder.jit + decoder.jit, or a file), e.g. the
+            quick start's outputs/tiny_cv8x8x8/export on a CPU
         videos: folder of videos, or an energon dataset made by data_tools
         out: run folder (shards, evaluations, the training run, export/)
         model: model name when the checkpoint does not say (default: inferred from it)
@@ -216,23 +302,29 @@ def posttrain(
         gan_start: optimizer step from which the discriminator and the generator term train (default: half the
             steps, so that the reconstruction terms settle first)
         val_fraction: held-out share of the videos when making shards
-        eval_clips: held-out clips to evaluate, before and after
+        eval_clips: held-out clips to evaluate, before and after: up to 8 per held-out video (the first centred,
+            the others at random starts and crops of fixed seeds); a verdict needs at least 8
         sweep: first try lr x (all, decoder, LoRA) for sweep_steps each and keep the best
         sweep_steps: optimizer steps of each sweep run
         sweep_lrs: learning rates the sweep tries (default: lr/3, lr, 3 lr)
-        max_latent_drift: sweep: only configurations whose latent drift (CV) or token flip rate (DV) stays
-            under this
+        max_latent_drift: latent drift (CV) or token flip rate (DV) above which the summary, the report and the
+            model card flag the result; the sweep keeps only configurations under it
         allow_worse: finish with exit code 0 even when the post-trained tokenizer is worse than the base on
             the held-out clips (otherwise exit code 3, its files kept)
         stats_clips: training clips encoded for the latent statistics of a continuous tokenizer (mean_std.pt and
-            image_mean_std.pt in the export; 121-frame clips where the videos are long enough). When only the
-            decoder trained and the base folder has them, the base's files are copied instead
+            image_mean_std.pt in the export; 121-frame clips where the videos are long enough). Default: a quarter
+            of the clips training sees (steps x batch size), at least 16 and at most 400 (400 make two seeds
+            agree to 1 percent). When only the decoder trained and the base folder has them, the base's files are
+            copied instead
         formats: export formats: cosmos (the .jit files, model.safetensors and the statistics: always written,
             the evaluation reads them) and diffusers (adds an AutoencoderKLCosmos folder, export/vae/, with
             latents_mean/latents_std from the statistics; CV only)
     """
     from ..evaluation.evaluate import evaluate
 
+    started = time.monotonic()
+    # Absolute from here on: the model card, the report and summary.json are read from other folders.
+    base = str(Path(base).expanduser().resolve())
     for rate in (lr, *(sweep_lrs or [])):  # before any work: a bad rate would fail only at the training step
         OptimConfig(lr=rate)
     gan_start = steps // 2 if gan_start is None else gan_start
@@ -241,13 +333,18 @@ def posttrain(
     unknown = sorted(set(formats) - {"cosmos", "diffusers"})
     if unknown:
         raise UserError(f"--formats {' '.join(formats)}: unknown format {unknown[0]!r}; use cosmos, diffusers or both")
+    if stats_clips is not None and stats_clips < 1:
+        raise UserError(f"--stats-clips {stats_clips}: must be at least 1 (leave it out for the default)")
     config = resolve_config(read_weights(base), model, {}, MODEL_FLAG)
     if "diffusers" in formats:
         diffusers_config(config)  # DV or another network diffusers cannot build: refused before any work
     check_base_stats(config, base, compared=sweep or trainable != "decoder", diffusers="diffusers" in formats)
-    run_dir = Path(out)
+    run_dir = Path(out).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    data_path = prepare_data(Path(videos), run_dir, val_fraction)
+    timings: dict[str, float] = {}
+    clock = time.monotonic()
+    data_path = prepare_data(Path(videos), run_dir, val_fraction).resolve()
+    timings["shards"] = time.monotonic() - clock
     clip = {"frames": frames, "size": size, "resize_short_side": resize_short_side}
     perceptual = perceptual_weight_or_default(perceptual_weight)
     common = dict(
@@ -261,10 +358,16 @@ def posttrain(
         gan_weight=gan_weight,
         gan_start=gan_start,
     )
+    judging = dict(max_clips=eval_clips, drift_limit=max_latent_drift, **clip)
     print(f"[1/4] baseline evaluation of {base}", flush=True)
-    before = evaluate(base, str(data_path), str(run_dir / "eval_baseline"), max_clips=eval_clips, **clip)
+    clock = time.monotonic()
+    before = evaluate(base, str(data_path), str(run_dir / "eval_baseline"), **judging)
+    timings["baseline_eval"] = time.monotonic() - clock
+    held_out = f"{_count(before['n_clips'], 'held-out clip')} of {_count(before['n_videos'], 'video')}"
+    print(f"base: PSNR {before['metrics']['psnr']:.2f} dB on {held_out}", flush=True)
     chosen = {"lr": lr, "trainable": trainable, "lora_rank": lora_rank}
     if sweep:
+        clock = time.monotonic()
         chosen = run_sweep(
             config,
             base,
@@ -277,27 +380,35 @@ def posttrain(
             clip,
             common,
         )
+        timings["sweep"] = time.monotonic() - clock
     print(f"[2/4] training {config.name} for {steps} steps with {chosen}", flush=True)
+    clock = time.monotonic()
     export = _train_variant(
         config.full_name, config.channels, base, str(data_path), str(run_dir), "train", steps, **chosen, **common
     )
+    timings["train"] = time.monotonic() - clock
     export_dir = run_dir / "export"
     if export_dir.exists():
         shutil.rmtree(export_dir)
     shutil.copytree(export, export_dir)
+    clock = time.monotonic()
+    clips = stats_clips if stats_clips is not None else default_stats_clips(steps, batch_size)
     stats_files = write_latent_stats(
-        config, chosen["trainable"], base, data_path, export_dir, stats_clips, clip, num_workers
+        config, chosen["trainable"], base, data_path, export_dir, clips, clip, num_workers, stats_clips is None
     )
+    timings["latent_stats"] = time.monotonic() - clock
     if "diffusers" in formats:
         write_diffusers(load_tokenizer(export_dir), export_dir / PIPELINE_SUBFOLDER, read_latent_stats(export_dir))
         print(f"diffusers folder: {export_dir / PIPELINE_SUBFOLDER}", flush=True)
     print("[3/4] evaluation against the baseline", flush=True)
-    after = evaluate(
-        str(export_dir), str(data_path), str(run_dir / "eval"), baseline=base, max_clips=eval_clips, **clip
-    )
+    clock = time.monotonic()
+    after = evaluate(str(export_dir), str(data_path), str(run_dir / "eval"), baseline=base, **judging)
+    timings["eval"] = time.monotonic() - clock
     print("[4/4] model card and summary", flush=True)
-    # Both evaluations read the same held-out clips (the same crops, deterministically).
-    judged = Verdict(before["metrics"]["psnr"], after["metrics"]["psnr"], after["n_clips"])
+    # The verdict compares the clips of one evaluation clip by clip: the baseline's PSNR there is the first
+    # evaluation's (the same clips, drawn from the same seeds).
+    judged = verdict(after)
+    drift = drift_warning(after)
     (export_dir / "README.md").write_text(
         checkpoint_card(
             run_dir / "train" / "checkpoints" / "last.ckpt",
@@ -308,23 +419,52 @@ def posttrain(
             verdict=judged.line,
             formats=("cosmos", "diffusers") if "diffusers" in formats else ("cosmos",),
             sections=card_sections(after),
+            channels=config.channels,
+            drift=drift,
         )
     )
+    comparison = after.get("comparison") or {}
+    timings["total"] = time.monotonic() - started
     summary = {
-        "psnr_before": before["metrics"]["psnr"],
-        "psnr_after": after["metrics"]["psnr"],
         "verdict": judged.word,
+        "verdict_line": judged.line,
+        "verdict_reason": judged.reason,
+        "psnr_before": after["baseline_metrics"]["psnr"],
+        "psnr_after": after["metrics"]["psnr"],
+        "psnr_change": judged.change,
+        "psnr_change_spread": None if judged.spread is None else SPREAD_SIGMAS * judged.spread,
+        "held_out_clips": after["n_clips"],
+        "held_out_videos": after["n_videos"],
+        "latent_drift": comparison.get("latent_drift", comparison.get("token_flip_rate")),
+        "drift_limit": max_latent_drift,
+        "drift_warning": drift,
+        "base": str(Path(base).resolve()),
+        "model": config.name,
+        "channels": config.channels,
+        "videos": str(Path(videos).resolve()),
+        "data": str(data_path),
+        "steps": steps,
         "chosen": chosen,
+        "run": str(run_dir),
         "export": str(export_dir),
         "latent_stats": stats_files,
         "report": str(run_dir / "eval" / "report.md"),
+        "timings_s": {name: round(seconds, 1) for name, seconds in timings.items()},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(
-        f"PSNR on held-out clips: {summary['psnr_before']:.2f} dB -> {summary['psnr_after']:.2f} dB\n"
-        f"post-trained tokenizer: {judged.line}\nexport: {export_dir}\nreport: {summary['report']}",
-        flush=True,
-    )
+    lines = [
+        f"PSNR on held-out clips: {summary['psnr_before']:.2f} dB -> {summary['psnr_after']:.2f} dB",
+        f"post-trained tokenizer: {judged.line}",
+    ]
+    if judged.word == "inconclusive":
+        lines.append(f"for a verdict: {_verdict_hint(judged.clips)}")
+    if drift:
+        lines.append(
+            f"warning: {drift} (the limit is --max-latent-drift; --trainable decoder keeps the latents as they are)"
+        )
+    minutes = ", ".join(f"{name} {seconds / 60:.1f}" for name, seconds in timings.items())
+    lines += [f"time (min): {minutes}", f"export: {export_dir}", f"report: {summary['report']}"]
+    print("\n".join(lines), flush=True)
     if judged.worse and not allow_worse:
         raise WorseThanBaseError(
             f"the post-trained tokenizer is WORSE than the base: held-out PSNR {judged.before:.2f} -> "
@@ -332,6 +472,21 @@ def posttrain(
             "or --sweep, or pass --allow-worse to accept it"
         )
     return summary
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'s' if number != 1 else ''}"
+
+
+def _verdict_hint(clips: int) -> str:
+    """What gives an inconclusive verdict a chance, in posttrain's options."""
+    more = (
+        f"at least {MIN_VERDICT_CLIPS} held-out clips (--eval-clips; up to {EVAL_CLIPS_PER_VIDEO} per held-out "
+        "video, so with few videos hold out more with --val-fraction)"
+    )
+    if clips < MIN_VERDICT_CLIPS:
+        return more
+    return "more held-out clips narrow the spread (--eval-clips, --val-fraction); more --steps may move PSNR further"
 
 
 def check_base_stats(config: TokenizerConfig, base: str, compared: bool, diffusers: bool) -> None:
@@ -374,11 +529,13 @@ def write_latent_stats(
     clips: int,
     clip: dict,
     workers: int,
+    default: bool = False,
 ) -> str:
     """Write ``mean_std.pt`` and ``image_mean_std.pt`` into the export of a continuous tokenizer: the base's
-    files when only the decoder trained (the latent space did not move), else computed from the training data
-    (``clip``: the training clip's ``frames``, ``size`` and ``resize_short_side``; 121-frame chunks where the
-    videos are long enough). Returns what was done, for the summary."""
+    files when only the decoder trained (the latent space did not move), else computed from ``clips`` clips of
+    the training data (``clip``: the training clip's ``frames``, ``size`` and ``resize_short_side``; 121-frame
+    chunks where the videos are long enough), said with the option that sets how many (``default``: the count is
+    posttrain's default). Returns what was done, for the summary."""
     if config.is_discrete:
         print(f"latent statistics: none for {config.name} (world models read its token indices)", flush=True)
         return "none (discrete tokenizer)"
@@ -387,6 +544,12 @@ def write_latent_stats(
         names = ", ".join(p.name for p in copied)
         print(f"latent statistics: the encoder did not train, copied {names} from {stats_folder(base)}", flush=True)
         return f"copied from {stats_folder(base)}"
+    why = f"by default a quarter of the clips training saw, {STATS_CLIPS_MIN} to {STATS_CLIPS}; " if default else ""
+    print(
+        f"latent statistics: encoding {clips} training clips of up to {CHUNK_FRAMES}x{clip['size']}x{clip['size']} "
+        f"(--stats-clips N: {why}{STATS_CLIPS} make two seeds agree to 1%)",
+        flush=True,
+    )
     network = load_tokenizer(export_dir)
     stats = dataset_latent_stats(
         network,
@@ -457,6 +620,7 @@ def run_sweep(
             str(run_dir / "sweep" / name / "eval"),
             baseline=base,
             max_clips=eval_clips,
+            drift_limit=max_latent_drift,
             **clip,
         )
         drift = (
