@@ -10,7 +10,7 @@ import torch
 
 from ..core.errors import CommandError
 from ..evaluation.latent_stats import STATS_CLIPS, LatentStats
-from ..evaluation.report import card_sections, verdict
+from ..evaluation.report import card_sections, drift_warning, verdict
 from ..io.checkpoint import JIT_AUTOENCODER, load_tokenizer, read_checkpoint
 from ..io.diffusers_format import (
     DIFFUSERS_CLASS,
@@ -98,6 +98,8 @@ def _export(args: argparse.Namespace) -> int:
         verdict=judged.line if judged else None,
         formats=args.format,
         sections=card_sections(results) if results else None,
+        channels=network.config.channels,
+        drift=drift_warning(results) if results else None,
     )
     (out / "README.md").write_text(card)
     print(f"exported {network.config.full_name} to {out} ({', '.join([*files, 'README.md'])})")
