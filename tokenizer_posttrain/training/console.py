@@ -24,6 +24,11 @@ their position in the checkpoint (energon's saved state, the synthetic clips' st
 PYTREE_LEAFSPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 """Lightning's own use of a torch API that torch deprecated: nothing a user can act on."""
 
+ITERABLE_WITH_LEN = "Your `IterableDataset` has `__len__` defined"
+"""Lightning's caution that workers of an iterable dataset with a length may duplicate data: energon's loaders give
+each worker its own slice of the shards, and the synthetic clips are a map-style dataset, so nothing repeats
+(the sample traces of tests/data/test_energon.py show it)."""
+
 PIN_MEMORY_ON_CPU = ".*'pin_memory' argument is set as true but no accelerator is found"
 """torch's note, once per loader, that energon's loaders ask for pinned memory on a machine without a GPU: it is
 then simply not used, which is right on a CPU."""
@@ -54,6 +59,7 @@ def quiet_launch() -> Iterator[None]:
             warnings.filterwarnings("ignore", message=NOT_RESUMABLE)
             warnings.filterwarnings("ignore", message=PYTREE_LEAFSPEC)
             warnings.filterwarnings("ignore", message=PIN_MEMORY_ON_CPU)
+            warnings.filterwarnings("ignore", message=ITERABLE_WITH_LEN)
             yield
     finally:
         warnings.formatwarning = formatting
