@@ -171,7 +171,8 @@ class LineProgress:
         elapsed = now - self.began
         # The rate from the first update on, once there is a later one: the first piece of work (a compile,
         # the loader starting) is often far slower than the rest, and would drag the ETA for hours.
-        if self.base is not None and done > self.base[1]:
+        measured = self.base is not None and done > self.base[1]
+        if measured:
             since, counted = self.base[0], done - self.base[1]
         else:
             since, counted = self.began, done - self.first
@@ -179,7 +180,8 @@ class LineProgress:
         if self.show_rate and done > self.first:
             parts.append(f"{format_rate(speed)} {self.unit}/s")
         parts.append(f"elapsed {format_duration(elapsed)}")
-        if self.total is not None and done < self.total and speed > 0:
+        # No ETA from the first piece alone: a 73 s compile once promised 35 minutes for a 30-step run.
+        if self.total is not None and done < self.total and speed > 0 and measured:
             parts.append(f"ETA {format_duration((self.total - done) / speed)}")
         return " | ".join(parts)
 

@@ -29,6 +29,14 @@ ITERABLE_WITH_LEN = "Your `IterableDataset` has `__len__` defined"
 each worker its own slice of the shards, and the synthetic clips are a map-style dataset, so nothing repeats
 (the sample traces of tests/data/test_energon.py show it)."""
 
+CHECKPOINTS_NOT_EMPTY = "Checkpoint directory .* exists and is not empty"
+"""Lightning's note when the run's checkpoint folder already holds files: that is how a run resumes here (the
+launch summary says which checkpoint it resumes from)."""
+
+ONLINE_SOFTMAX = r"\s*Online softmax is disabled on the fly"
+"""Inductor's five-line note that it compiled a softmax another way: an internal choice of the compiler that a
+user cannot act on (seen on the first compiled step of CV8x8x8 under torch 2.11)."""
+
 PIN_MEMORY_ON_CPU = ".*'pin_memory' argument is set as true but no accelerator is found"
 """torch's note, once per loader, that energon's loaders ask for pinned memory on a machine without a GPU: it is
 then simply not used, which is right on a CPU."""
@@ -60,6 +68,8 @@ def quiet_launch() -> Iterator[None]:
             warnings.filterwarnings("ignore", message=PYTREE_LEAFSPEC)
             warnings.filterwarnings("ignore", message=PIN_MEMORY_ON_CPU)
             warnings.filterwarnings("ignore", message=ITERABLE_WITH_LEN)
+            warnings.filterwarnings("ignore", message=CHECKPOINTS_NOT_EMPTY)
+            warnings.filterwarnings("ignore", message=ONLINE_SOFTMAX)
             yield
     finally:
         warnings.formatwarning = formatting
