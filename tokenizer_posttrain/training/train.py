@@ -292,12 +292,20 @@ def export_latent_stats(
     if clips == 0:
         return f"no mean_std.pt in the export (log.latent_stats_clips=0); to write it: {later}"
     print(f"latent statistics: measuring on {clips} clips (log.latent_stats_clips sets how many)", flush=True)
+    cuda = torch.cuda.is_available()
     try:
         if data.path is None:
             synthetic = (synthetic_clip(data.frames, data.height, data.width, data.seed + i) for i in itertools.count())
-            stats = measure(network, synthetic, clips, positions=network.config.latent_frames(CHUNK_FRAMES))
+            stats = measure(
+                network,
+                synthetic,
+                clips,
+                # On the GPU in bf16, as dataset_latent_stats does: fp32 on the CPU took 7 min for 400 clips.
+                device="cuda" if cuda else "cpu",
+                dtype=torch.bfloat16 if cuda else torch.float32,
+                positions=network.config.latent_frames(CHUNK_FRAMES),
+            )
         else:
-            cuda = torch.cuda.is_available()
             stats = dataset_latent_stats(
                 network,
                 data.path,
