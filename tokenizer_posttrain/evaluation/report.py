@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..io.model_card import COMPARISONS, METRICS
 from .latent_shift import shift_markdown
 from .media import labelled_panels, write_mp4
 
@@ -24,19 +25,6 @@ REPORT_MD = "report.md"
 PSNR_PNG = "psnr_per_clip.png"
 ERRORS_PNG = "error_histogram.png"
 VIDEO_DIR = "videos"
-# key, label (with the better direction), format
-METRICS = (
-    ("psnr", "PSNR (dB) ↑", "{:.2f}"),
-    ("ssim", "SSIM ↑", "{:.4f}"),
-    ("lpips", "LPIPS-style VGG16 distance ↓", "{:.4f}"),
-    ("flicker", "temporal flicker ↓", "{:.5f}"),
-    ("codebook_usage", "codebook usage ↑", "{:.4f}"),
-    ("perplexity", "code perplexity ↑", "{:.1f}"),
-)
-COMPARISONS = (
-    ("latent_drift", "latent drift vs baseline (relative L2)", "{:.5f}"),
-    ("token_flip_rate", "token flip rate vs baseline", "{:.5f}"),
-)
 
 
 MIN_VERDICT_CLIPS = 8

@@ -45,10 +45,24 @@ def card_title(model: str, channels: int | None) -> str:
     )
 
 
+# Each metric's key, label (with the better direction) and format for people: the model card here and the
+# evaluation report (a layer up) show them alike.
+METRICS = (
+    ("psnr", "PSNR (dB) ↑", "{:.2f}"),
+    ("ssim", "SSIM ↑", "{:.4f}"),
+    ("lpips", "LPIPS-style VGG16 distance ↓", "{:.4f}"),
+    ("flicker", "temporal flicker ↓", "{:.5f}"),
+    ("codebook_usage", "codebook usage ↑", "{:.4f}"),
+    ("perplexity", "code perplexity ↑", "{:.1f}"),
+)
+COMPARISONS = (
+    ("latent_drift", "latent drift vs baseline (relative L2)", "{:.5f}"),
+    ("token_flip_rate", "token flip rate vs baseline", "{:.5f}"),
+)
+
+
 def metric_text(key: str, value: float | None) -> str:
     """A metric rounded for people, as the evaluation report shows it (PSNR to 0.01 dB, SSIM to 4 decimals...)."""
-    from ..evaluation.report import METRICS
-
     if value is None:
         return "-"
     if not math.isfinite(value):
