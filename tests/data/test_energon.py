@@ -76,6 +76,7 @@ def test_resumed_run_continues_the_data_stream(video_dataset: Path, tmp_path: Pa
     assert any(r.get("val/psnr") for r in read_metrics(tmp_path / "a" / "tiny_cv8x8x8"))
     # The export's latent statistics come from the run's own videos (the encoder trained: none to copy).
     assert f"measured on 4 clips of {video_dataset}" in whole.stdout
+    assert "[latent statistics] 0/4 clips | elapsed 0:00" in whole.stdout  # progress lines in a log
     mean, std = torch.load(tmp_path / "a" / "tiny_cv8x8x8" / "export" / "mean_std.pt", weights_only=True)
     assert mean.shape == std.shape == (16, 16) and torch.isfinite(mean).all() and (std > 0).all()
 

@@ -218,10 +218,16 @@ def test_train_split_when_there_is_no_val_split(tmp_path: Path) -> None:
 # -- command line ----------------------------------------------------------------------------------------------
 
 
-def test_several_clips_per_held_out_video_and_a_verdict_on_them(dataset: Path, tmp_path: Path) -> None:
+def test_several_clips_per_held_out_video_and_a_verdict_on_them(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Before: one clip per video, whatever --max-clips asked for.
     model = perturbed(CV, tmp_path / "cv.safetensors")
+    monkeypatch.setenv("TOKENIZER_POSTTRAIN_PROGRESS_INTERVAL", "0")
     results = evaluate(model, str(dataset), str(tmp_path / "out"), baseline=CV, frames=FRAMES, size=SIZE, max_clips=8)
+    # Progress in a log (stdout is captured, no terminal): a plain line per clip at interval 0, no bar.
+    out = capsys.readouterr().out
+    assert "[evaluate] 0/8 clips | elapsed 0:00" in out and "[evaluate] 8/8 clips" in out and "\r" not in out
     keys = results["per_clip"]["keys"]
     assert results["n_clips"] == 8 and results["n_videos"] == 3 and keys[:3] == VAL_KEYS
     # Each further pass visits every video once, in its own shuffled order.
