@@ -106,3 +106,11 @@ def test_the_psnr_plot_of_one_clip(tmp_path: Path, baseline: bool) -> None:
     }
     path = plot_psnr(results, tmp_path / "psnr.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_clip_both_reconstruct_exactly_makes_no_worse_verdict() -> None:
+    # inf - inf is NaN: the mean change was NaN, and a NaN change read as "worse" (exit 3 in posttrain).
+    inf = float("inf")
+    judged = Verdict.of([30 + 0.1 * i for i in range(9)] + [inf], [30.5 + 0.1 * i for i in range(9)] + [inf])
+    assert judged.word == "inconclusive" and not judged.worse
+    assert "infinite PSNR" in (judged.reason or "")

@@ -96,11 +96,13 @@ def test_a_run_piped_to_a_log_prints_progress_lines(
     assert "Run finished at step 6 (this launch: steps 3-6 in " in out
     # The loss curve and the summary cover the whole run, from every launch's metrics.csv.
     history = read_history(tmp_path / "run")
-    assert [step for step, _ in history.losses] == [0, 1, 2, 3, 4, 5] and history.launches == [0, 3]
+    # Steps counted as the checkpoints and the [val] lines count them (metrics.csv's step is 0-based).
+    assert [step for step, _ in history.losses] == [1, 2, 3, 4, 5, 6] and history.launches == [0, 3]
     logged = read_metrics(tmp_path / "run")
-    assert history.losses == [(int(r["step"]), float(r["train/loss"])) for r in logged if r["train/loss"]]
-    assert [step for step, _ in history.val_psnr] == [1, 3, 5]
-    assert f"loss curve: {tmp_path / 'run' / 'loss_curve.png'} (steps 0-5)" in out
+    assert history.losses == [(int(r["step"]) + 1, float(r["train/loss"])) for r in logged if r["train/loss"]]
+    assert [step for step, _ in history.val_psnr] == [2, 4, 6]
+    assert "[val] step 6 |" in out and "dB at step 6\n" in out
+    assert f"loss curve: {tmp_path / 'run' / 'loss_curve.png'} (steps 1-6)" in out
     assert "train/loss over the run: " in out and "(mean of the first 3 logged steps)" in out
 
 
@@ -120,8 +122,8 @@ def test_the_history_keeps_what_the_resumed_launch_logged_again(tmp_path: Path) 
     )
     (tmp_path / "csv" / "version_2").mkdir()  # a launch that stopped before it logged anything
     history = read_history(tmp_path)
-    assert history.losses == [(0, 10.0), (1, 11.0), (2, 12.0), (3, 23.0), (4, 24.0), (5, 25.0), (6, 26.0), (7, 27.0)]
-    assert history.val_psnr == [(7, 30.5)] and history.launches == [0, 3]
+    assert history.losses == [(1, 10.0), (2, 11.0), (3, 12.0), (4, 23.0), (5, 24.0), (6, 25.0), (7, 26.0), (8, 27.0)]
+    assert history.val_psnr == [(8, 30.5)] and history.launches == [0, 3]
 
 
 def test_the_psnr_axis_spans_at_least_a_decibel() -> None:

@@ -226,3 +226,37 @@ def test_the_launch_sizes_the_loaders_batches_in_flight_against_shared_memory(
     with pytest.raises(DataError, match=r"data\.prefetch=2 x data\.num_workers=2 x 2 process\(es\)"):
         check_data(replace(data, prefetch=2), 2, seed=0, processes=2)
     assert check_data(DataConfig(), 1, seed=0).prefetch is None  # synthetic clips: no loader workers to size
+
+
+def test_a_failed_launch_removes_only_the_empty_folders_it_made(tmp_path: Path) -> None:
+    from tokenizer_posttrain.training.train import _missing_parts, _remove_empty
+
+    run_dir = tmp_path / "logs" / "sweep" / "b"
+    made = _missing_parts(run_dir)
+    assert made == [run_dir, run_dir.parent, run_dir.parent.parent]
+    # Meanwhile another run of the sweep started beside it, and this launch made its own sub-folders.
+    (run_dir.parent / "a" / "checkpoints").mkdir(parents=True)
+    (run_dir / "csv" / "version_0").mkdir(parents=True)
+    _remove_empty(made)
+    assert not run_dir.exists()
+    assert (run_dir.parent / "a" / "checkpoints").is_dir()  # the other run's empty folders stay
+    # With nothing beside it, the whole chain it made goes; a folder holding a file stays.
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    (run_dir / "empty").mkdir()
+    _remove_empty([run_dir])
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and not (run_dir / "empty").exists()
+
+
+def test_lightnings_note_on_a_non_empty_checkpoint_folder_stays_for_a_new_run() -> None:
+    import warnings
+
+    from tokenizer_posttrain.training.console import resumed_fit
+
+    note = "Checkpoint directory /r/checkpoints exists and is not empty."
+    for resuming, shown in ((True, 0), (False, 1)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with resumed_fit(resuming):
+                warnings.warn(note, stacklevel=1)
+        assert len(seen) == shown

@@ -135,9 +135,10 @@ prompts and always runs in this process)."""
 
 
 def _overrides(argv: list[str]) -> list[str]:
-    """The ``GROUP.SETTING=VALUE`` arguments of ``argv``; an option the launch does not know is refused."""
+    """The ``GROUP.SETTING=VALUE`` arguments of ``argv``; an option the launch does not know, or one that lacks its
+    value, is refused."""
     found, skip = [], False
-    for arg in argv:
+    for i, arg in enumerate(argv):
         if skip:
             skip = False
             continue
@@ -145,6 +146,9 @@ def _overrides(argv: list[str]) -> list[str]:
             name = arg.split("=", 1)[0]
             if name in VALUE_OPTIONS:
                 skip = "=" not in arg
+                if skip and i == len(argv) - 1:
+                    example = "tiny" if name in ("--factory", "-f") else "FILE"
+                    raise CommandError(f"{arg} needs a value (e.g. {arg} {example})")
             elif arg not in FLAGS:
                 raise CommandError(f"unknown option {arg}; train_tokenizer.py --help lists the options")
             continue
@@ -189,9 +193,14 @@ def _launch(fn: Callable, factory: Callable, given: list[str], dry_run: Callable
     from nemo_run.cli.api import RunContext
 
     context = RunContext(name=fn.__name__, factory=factory, yaml=_option_value(given, "--yaml"), skip_confirmation=True)
-    task = context.parse_fn(fn, _overrides(given))
+    try:
+        task = context.parse_fn(fn, _overrides(given))
+        built = fdl.build(task)
+    except TypeError as err:
+        # A value of the wrong type for a setting: the user's, and only here (a TypeError in training is a bug,
+        # shown with its traceback). Fiddle appends its call context: our message already names the key.
+        raise CommandError(str(err).split(FIDDLE_CONTEXT)[0]) from None
     recipe, resolved = recipe_values(factory()), recipe_values(task)
-    built = fdl.build(task)
     speak = _is_rank_zero()
     if "--dryrun" in given:
         if speak:
@@ -236,17 +245,19 @@ def run_cli(
         try:
             if not any(arg.split("=", 1)[0] in NEMO_RUN_MODES for arg in given):
                 return _launch(fn, factory, given, dry_run)
-            run.cli.main(fn, default_factory=default_factory)
+            try:
+                run.cli.main(fn, default_factory=default_factory)
+            except TypeError as err:  # NeMo-Run builds the configs from the overrides: a wrong type is the user's
+                return fail(str(err).split(FIDDLE_CONTEXT)[0])
         except SystemExit as exit_:
             code = exit_.code
             return code if isinstance(code, int) else (0 if code is None else 1)
         except CLIException as err:
             return fail(cli_error_message(err))
-        except (*EXPECTED_ERRORS, TypeError) as err:
+        except EXPECTED_ERRORS as err:
             # Fiddle appends its call context to an error raised while it builds a config from the overrides
             # ("\n\nFiddle context: failed to construct OptimConfig ..."): our message already names the key.
             return fail(str(err).split(FIDDLE_CONTEXT)[0])
         return 0
 
-    # NeMo-Run builds the configs from the overrides: a wrong type there is the user's, not a bug.
-    return run_guarded(main, oom_hint=OOM_HINT, also_expected=(TypeError,))
+    return run_guarded(main, oom_hint=OOM_HINT)

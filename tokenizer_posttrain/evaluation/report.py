@@ -80,6 +80,8 @@ class Verdict:
             return None  # a broken model is worse, however few the clips
         if math.isnan(self.before):
             return "the base's PSNR is NaN"
+        if math.isnan(self.change):  # inf - inf: some clip is reconstructed exactly by both
+            return "a clip reconstructed exactly by both (infinite PSNR) leaves the mean change undefined"
         if self.clips < MIN_VERDICT_CLIPS:
             return f"only {_clips(self.clips)}; a verdict needs at least {MIN_VERDICT_CLIPS}"
         if self.spread is None:

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from typing import Any
 
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning")
+KEEP_INFO = ("lightning.pytorch.trainer.connectors.signal_connector",)
+"""Lightning's loggers whose INFO lines stay: Slurm's requeue and signal messages belong in a job's log."""
 
 NOT_RESUMABLE = "You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not"
 """The start of Lightning's warning that a resumed data stream is not exact. False here: the data modules keep
@@ -30,8 +32,8 @@ each worker its own slice of the shards, and the synthetic clips are a map-style
 (the sample traces of tests/data/test_energon.py show it)."""
 
 CHECKPOINTS_NOT_EMPTY = "Checkpoint directory .* exists and is not empty"
-"""Lightning's note when the run's checkpoint folder already holds files: that is how a run resumes here (the
-launch summary says which checkpoint it resumes from)."""
+"""Lightning's note when the run's checkpoint folder already holds files: filtered only around a resumed fit
+(:func:`resumed_fit`), where that is how the run goes on (a new run in such a folder keeps the warning)."""
 
 ONLINE_SOFTMAX = r"\s*Online softmax is disabled on the fly"
 """Inductor's five-line note that it compiled a softmax another way: an internal choice of the compiler that a
@@ -58,20 +60,30 @@ def quiet_launch() -> Iterator[None]:
     # The format, not ``showwarning``: replacing that would also bypass whoever records warnings around us.
     formatting = warnings.formatwarning
     warnings.formatwarning = one_line_warning
-    for name in LIGHTNING_LOGGERS:
+    for name in (*LIGHTNING_LOGGERS, *KEEP_INFO):
         logger = logging.getLogger(name)
         levels[name] = logger.level
-        logger.setLevel(logging.WARNING)
+        logger.setLevel(logging.INFO if name in KEEP_INFO else logging.WARNING)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=NOT_RESUMABLE)
             warnings.filterwarnings("ignore", message=PYTREE_LEAFSPEC)
             warnings.filterwarnings("ignore", message=PIN_MEMORY_ON_CPU)
             warnings.filterwarnings("ignore", message=ITERABLE_WITH_LEN)
-            warnings.filterwarnings("ignore", message=CHECKPOINTS_NOT_EMPTY)
             warnings.filterwarnings("ignore", message=ONLINE_SOFTMAX)
             yield
     finally:
         warnings.formatwarning = formatting
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+@contextmanager
+def resumed_fit(resuming: bool) -> Iterator[None]:
+    """Around the fit: Lightning's note that the checkpoint folder is not empty is off when the launch resumes
+    from it, and stays on for a new run there (``resume.resume_if_exists=false``), whose saves overwrite the old
+    run's checkpoints of the same names."""
+    with warnings.catch_warnings():
+        if resuming:
+            warnings.filterwarnings("ignore", message=CHECKPOINTS_NOT_EMPTY)
+        yield

@@ -401,14 +401,16 @@ def read_history(run_dir: Path) -> RunHistory:
             continue
         if not rows:
             continue
+        # The CSV's step is the 0-based index of the step just taken; counted from 1 it is the step count that
+        # the [val] lines, the checkpoints (step=N.ckpt) and a resume ("at step N") name.
         first = min(int(row["step"]) for row in rows)
-        history.losses = [(s, v) for s, v in history.losses if s < first]
-        history.val_psnr = [(s, v) for s, v in history.val_psnr if s < first]
+        history.losses = [(s, v) for s, v in history.losses if s <= first]
+        history.val_psnr = [(s, v) for s, v in history.val_psnr if s <= first]
         history.launches = [s for s in history.launches if s < first] + [first]
         for row in rows:
             for key, series in (("train/loss", history.losses), ("val/psnr", history.val_psnr)):
                 if row.get(key):
-                    series.append((int(row["step"]), float(row[key])))
+                    series.append((int(row["step"]) + 1, float(row[key])))
     return history
 
 
@@ -456,7 +458,7 @@ class RunSummary(pl.Callback):
             lines.append(f"loss curve: {path} (steps {history.losses[0][0]}-{history.losses[-1][0]})")
         if history.val_psnr:
             step, best = max(history.val_psnr, key=lambda item: item[1])
-            lines.append(f"best val/psnr: {best:.2f} dB at step {step} of metrics.csv")
+            lines.append(f"best val/psnr: {best:.2f} dB at step {step}")
         lines.append(f"checkpoints: {ckpt_dir}")
         if export_dir is not None:
             lines.append(f"export (encoder.jit, decoder.jit, autoencoder.jit): {export_dir}")

@@ -32,7 +32,7 @@ from .checkpointing import (
 )
 from .compile_cache import compile_cache_callback
 from .config import DataConfig, LogConfig, LossConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
-from .console import quiet_launch
+from .console import quiet_launch, resumed_fit
 from .module import TokenizerModel
 from .monitoring import (
     LearningRateLogger,
@@ -318,7 +318,7 @@ def export_latent_stats(
                 workers=default_stats_workers(),
                 accelerate=fast_encoder,
             )
-    except (UserError, OSError) as err:
+    except (UserError, OSError, RuntimeError) as err:  # e.g. out of GPU memory: the trained run stays a success
         warnings.warn(f"the latent statistics could not be measured: {err}", stacklevel=2)
         return f"no mean_std.pt in the export (not measured: see the warning above); to write it: {later}"
     files = ", ".join(p.name for p in stats.write(export_dir))
@@ -516,6 +516,8 @@ def check_launch(
         problems.found.append(_finished_error(launch, trainer))
     with quiet_launch():
         problems.raise_any(held)
+    if launch.finished:
+        return [f"nothing to do: {launch.ckpt_path} is at step {launch.done}, trainer.max_steps={trainer.max_steps}"]
     return _launch_lines(launch, trainer, resume, run_dir)
 
 
@@ -536,17 +538,24 @@ def _missing_parts(path: Path) -> list[Path]:
 
 
 def _remove_empty(folders: list[Path]) -> None:
-    """Remove the folders of ``folders`` (deepest first) that a failed launch made and left empty, with their empty
-    sub-folders: a launch refused by its checks leaves nothing behind. Only empty folders go; anything written
-    stays, and so do the folders holding it."""
-    for folder in folders:
-        if folder.is_dir() and not folder.is_symlink():
-            for sub in sorted(folder.glob("**/"), key=lambda p: len(p.parts), reverse=True):
-                try:
-                    sub.rmdir()
-                except OSError:  # not empty: something was written there
-                    pass
-        if folder.exists():
+    """Remove what a failed launch made and left empty: the run folder ``folders[0]`` with its empty sub-folders,
+    then each parent it had to make (``folders[1:]``), deepest first, while it is empty. Only empty folders go, so
+    anything written stays; a parent's other sub-folders (another run started there meanwhile) are never swept."""
+    if not folders:
+        return
+    run_dir = folders[0]
+    if run_dir.is_dir() and not run_dir.is_symlink():
+        for sub in sorted(run_dir.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+            try:
+                sub.rmdir()
+            except OSError:  # not empty: something was written there
+                pass
+    for folder in folders[1:]:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:  # not empty, or not ours to remove
             return
 
 
@@ -670,7 +679,7 @@ def _train(
         try:
             # weights_only: Lightning would otherwise unpickle the whole file, running any code planted in it.
             tf32 = par.accelerator == "gpu" and str(trainer.precision).startswith("bf16")
-            with tensor_core_matmuls(tf32):
+            with tensor_core_matmuls(tf32), resumed_fit(ckpt_path is not None):
                 lightning_trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         except NonFiniteLossError as stop:
             raise _stopped_for_bad_steps(stop, ckpt_dir, trainer.max_bad_steps) from None
