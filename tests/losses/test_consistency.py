@@ -13,6 +13,7 @@ from tokenizer_posttrain.losses.consistency import (
     cut_windows,
     window_count,
 )
+from tokenizer_posttrain.losses.terms import Clips
 
 
 def test_the_windows_batch_holds_each_clips_windows_in_order() -> None:
@@ -103,19 +104,24 @@ def test_bad_settings_are_one_line_errors_naming_the_key(settings: dict, match: 
     assert "\n" not in str(err.value)
 
 
+def clips(frames: int, temporal_compression: int, continuous: bool) -> Clips:
+    """Clips of ``frames`` frames (of any size: this term does not look at it)."""
+    return Clips(frames, ((64, 64),), temporal_compression, continuous)
+
+
 def test_clip_problems_say_what_to_set() -> None:
     config = ConsistencyConfig(1.0, window=10, step=4)
-    problems = config.clip_problems("loss.consistency", 17, 8, continuous=True)
+    problems = config.clip_problems("loss.consistency", clips(17, 8, continuous=True))
     assert problems[0] == "loss.consistency.window=10 is not 1+8k frames (use 9 or 17)"
     assert problems[1].startswith("loss.consistency.step=4 is not a multiple of the temporal compression 8")
     assert "(use 8)" in problems[1]
-    assert config.clip_problems("loss.consistency", 17, 8, continuous=False)[1:] == []  # DV: any step
-    too_long = ConsistencyConfig(1.0, window=33, step=8).clip_problems("loss.consistency", 17, 8, True)
+    assert config.clip_problems("loss.consistency", clips(17, 8, continuous=False))[1:] == []  # DV: any step
+    too_long = ConsistencyConfig(1.0, window=33, step=8).clip_problems("loss.consistency", clips(17, 8, True))
     assert too_long == [
         "loss.consistency.window=33 + loss.consistency.step=8 > data.frames=17: a clip holds no two overlapping "
         "windows; set loss.consistency.window=9 or raise data.frames to >= 41"
     ]
-    assert ConsistencyConfig(1.0, window=9, step=8).clip_problems("loss.consistency", 17, 8, True) == []
+    assert ConsistencyConfig(1.0, window=9, step=8).clip_problems("loss.consistency", clips(17, 8, True)) == []
 
 
 @pytest.mark.parametrize("temporal_compression", [4, 8])
@@ -124,5 +130,5 @@ def test_the_default_windows_fit_the_default_clips(temporal_compression: int) ->
 
     frames = DataConfig().frames  # data.frames, also the recipes' default
     config = ConsistencyConfig(1.0)
-    assert config.clip_problems("loss.consistency", frames, temporal_compression, continuous=True) == []
+    assert config.clip_problems("loss.consistency", clips(frames, temporal_compression, continuous=True)) == []
     assert window_count(frames, config.window, config.step) >= 2

@@ -27,6 +27,7 @@ from tokenizer_posttrain.losses.flow import (
     load_raft,
     read_raft_state,
 )
+from tokenizer_posttrain.losses.terms import Clips
 
 CPU = torch.device("cpu")
 
@@ -392,13 +393,13 @@ def test_settings_and_clip_sizes_are_checked_naming_the_key() -> None:
     with pytest.raises(ValueError, match=r"loss\.flow\.dtype='float16'"):
         LossConfig(flow=FlowConfig(0.01, dtype="float16"))
     config = FlowConfig(0.01)
-    assert config.clip_problems("loss.flow", 33, 256, 256) == []
-    assert config.clip_problems("loss.flow", 33, 720, 1280) == []
-    (height,) = config.clip_problems("loss.flow", 33, 200, 256)
+    assert config.clip_problems("loss.flow", Clips(33, ((256, 256),), 8, True)) == []
+    assert config.clip_problems("loss.flow", Clips(33, ((720, 1280),), 8, True)) == []
+    (height,) = config.clip_problems("loss.flow", Clips(33, ((200, 256),), 8, True))
     assert height.startswith("clip height 200 / 2 = 100 pixels, but RAFT needs a multiple of 8 of at least 128")
     assert "(loss.flow.scale=2); use clips of 256+ pixels in steps of 16" in height
-    assert len(config.clip_problems("loss.flow", 1, 250, 256)) == 2
-    assert FlowConfig(0.01, scale=1).clip_problems("loss.flow", 2, 128, 136) == []
+    assert len(config.clip_problems("loss.flow", Clips(1, ((250, 256),), 8, True))) == 2
+    assert FlowConfig(0.01, scale=1).clip_problems("loss.flow", Clips(2, ((128, 136),), 8, True)) == []
     for bad in ({"scale": 1.5}, {"scale": "2"}, {"flow_updates": 2.5}, {"checkpoint_activations": "yes"}):
         (problem,) = FlowConfig(0.01, **bad).problems("loss.flow")  # type: ignore[arg-type]
         assert problem.startswith(f"loss.flow.{next(iter(bad))}=")

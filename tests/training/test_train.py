@@ -260,3 +260,21 @@ def test_lightnings_note_on_a_non_empty_checkpoint_folder_stays_for_a_new_run() 
             with resumed_fit(resuming):
                 warnings.warn(note, stacklevel=1)
         assert len(seen) == shown
+
+
+def test_each_loss_term_checks_the_clips_and_one_launch_reports_them_all() -> None:
+    from tokenizer_posttrain.losses import LossConfig
+    from tokenizer_posttrain.losses.consistency import ConsistencyConfig
+    from tokenizer_posttrain.losses.flow import FlowConfig
+    from tokenizer_posttrain.training.config import DataConfig, ModelConfig
+    from tokenizer_posttrain.training.train import check_loss_clips
+
+    model, data = ModelConfig(model="CV8x8x8", channels=16), DataConfig(frames=17, height=64, width=64)
+    loss = LossConfig(consistency=ConsistencyConfig(1.0, window=10, step=8), flow=FlowConfig(0.01))
+    with pytest.raises(ValueError) as err:
+        check_loss_clips(model, data, loss)
+    message = str(err.value)
+    assert message.startswith("the loss does not fit CV8x8x8 clips of 17x64x64: ")
+    # Each term's own problems, in one message (in the terms' summing order).
+    assert "(loss.flow.scale=2); use clips of 256+ pixels" in message and "loss.consistency.window=10 is not" in message
+    check_loss_clips(model, data, LossConfig(flow=FlowConfig(0.0)))  # a term that is never on is not asked

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .terms import LossTerm, TermConfig
+from .terms import Clips, LossTerm, TermConfig
 
 
 @dataclass
@@ -54,10 +54,10 @@ class ConsistencyConfig(TermConfig):
             )
         return problems
 
-    def clip_problems(self, key: str, frames: int, temporal_compression: int, continuous: bool) -> list[str]:
-        """What stops this term on clips of ``frames`` frames (``data.frames``) through a model of this temporal
-        compression, each naming the setting and what to set."""
-        tc, problems = temporal_compression, []
+    def clip_problems(self, key: str, clips: Clips) -> list[str]:
+        """The windows must code whole latent frames, line up with the latents (CV) and overlap within a clip."""
+        frames, continuous = clips.frames, clips.continuous
+        tc, problems = clips.temporal_compression, []
         if self.window < 1 or (self.window - 1) % tc:
             lo = 1 + max(self.window - 1, 0) // tc * tc
             problems.append(f"{key}.window={self.window} is not 1+{tc}k frames (use {lo} or {lo + tc})")

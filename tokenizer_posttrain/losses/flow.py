@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .l1 import masked_mean
-from .terms import LossTerm, TermConfig
+from .terms import Clips, LossTerm, TermConfig
 from .weight_files import find_weights_file, read_state_dict, state_problems
 
 RAFT_FILES = {"large": "raft_large_C_T_SKHT_V2-ff5fadd5.pth", "small": "raft_small_C_T_V2-01064c6d.pth"}
@@ -83,19 +83,21 @@ class FlowConfig(TermConfig):
             problems.append(f"{key}.checkpoint_activations={self.checkpoint_activations!r} must be true or false")
         return problems
 
-    def clip_problems(self, key: str, frames: int, height: int, width: int) -> list[str]:
-        """What stops this term on clips of ``frames x height x width`` (``data.*``, or an aspect bucket's size),
-        each naming what to set."""
+    def clip_problems(self, key: str, clips: Clips) -> list[str]:
+        """RAFT needs two frames, and frame sizes (each of the crop's or aspect buckets') it can take at this
+        scale."""
+        frames = clips.frames
         problems = [] if frames >= 2 else [f"{key} needs clips of at least 2 frames (data.frames={frames})"]
         if not _is_int(self.scale) or self.scale < 1:
             return problems  # named by problems()
-        for name, size in (("height", height), ("width", width)):
-            problem = raft_size_problem(size, self.scale)
-            if problem:
-                problems.append(
-                    f"clip {name} {problem} ({key}.scale={self.scale}); use clips of {RAFT_MIN_SIZE * self.scale}+ "
-                    f"pixels in steps of {8 * self.scale}, or a smaller {key}.scale"
-                )
+        for height, width in clips.sizes:
+            for name, size in (("height", height), ("width", width)):
+                problem = raft_size_problem(size, self.scale)
+                if problem:
+                    problems.append(
+                        f"clip {name} {problem} ({key}.scale={self.scale}); use clips of "
+                        f"{RAFT_MIN_SIZE * self.scale}+ pixels in steps of {8 * self.scale}, or a smaller {key}.scale"
+                    )
         return problems
 
 

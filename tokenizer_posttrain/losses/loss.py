@@ -15,7 +15,7 @@ from .gram import GramConfig, GramTerm
 from .high_freq import HighFreqConfig, HighFreqLoss
 from .l1 import L1Config, L1Loss
 from .perceptual import FeatureTerm, PerceptualConfig, PerceptualTerm, SharedVGG16
-from .terms import LossTerm, TermConfig
+from .terms import Clips, LossTerm, TermConfig
 
 TERMS: dict[str, type[LossTerm]] = {
     "l1": L1Loss,
@@ -92,6 +92,13 @@ class LossConfig:
         """Name -> weight of the terms with a non-zero weight at optimizer step ``step``, in summing order."""
         weights = {name: self.term(name).weight_at(step) for name in TERMS}
         return {name: w for name, w in weights.items() if w != 0}
+
+    def clip_problems(self, clips: Clips) -> list[str]:
+        """What stops a term that is ever on from working on the run's ``clips`` (each term's own check, asked
+        in summing order), each naming the setting and what to set."""
+        return [
+            p for name in TERMS if self.term(name).ever_on for p in self.term(name).clip_problems(f"loss.{name}", clips)
+        ]
 
     def unreached_changes(self, max_steps: int) -> list[str]:
         """One line per term whose schedule changes at a step that a run of ``max_steps`` optimizer steps

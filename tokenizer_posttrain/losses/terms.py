@@ -8,6 +8,20 @@ import torch
 from torch import Tensor, nn
 
 
+@dataclass(frozen=True)
+class Clips:
+    """The clips a run trains on, as a term's launch check sees them (:meth:`TermConfig.clip_problems`)."""
+
+    frames: int
+    """``data.frames``."""
+    sizes: tuple[tuple[int, int], ...]
+    """Every (height, width) the clips take: the crop, or each aspect bucket's."""
+    temporal_compression: int
+    """The model's: latent frames code ``1 + k * temporal_compression`` frames."""
+    continuous: bool
+    """Continuous latents (CV), not discrete tokens (DV)."""
+
+
 @dataclass
 class TermConfig:
     """A loss term's weight: constant, or piecewise constant over optimizer steps."""
@@ -36,6 +50,11 @@ class TermConfig:
     def ever_on(self) -> bool:
         """Whether the term has a non-zero weight at some step (and so needs its files and networks)."""
         return any(w != 0 for w in self.weights)
+
+    def clip_problems(self, key: str, clips: Clips) -> list[str]:
+        """What stops this term on the run's ``clips``, each naming the setting (``key``: ``loss.<term>``) and what
+        to set; asked at launch of the terms that are ever on. Most terms take any clip."""
+        return []
 
     def problems(self, key: str) -> list[str]:
         """What is wrong with this schedule, each naming ``key`` (``loss.<term>``) and the fix."""

@@ -19,6 +19,7 @@ from ..core.errors import UserError
 from ..data.batch import PREFETCH
 from ..data.fake import SyntheticVideoDataModule, synthetic_clip
 from ..losses.loss import build_loss
+from ..losses.terms import Clips
 from ..network.registry import get_config
 from ..network.tokenizer import CausalVideoTokenizer
 from .acceleration import ddp_strategy, resolve_compile, tensor_core_matmuls
@@ -138,14 +139,10 @@ def check_loss_clips(model: ModelConfig, data: DataConfig, loss: LossConfig) -> 
     """Fail before launch when a term that is ever on cannot work on the clips: loss.consistency's windows,
     loss.flow's frame sizes for RAFT."""
     cfg = get_config(model.model)
-    problems = []
-    if loss.consistency.ever_on:
-        problems += loss.consistency.clip_problems(
-            "loss.consistency", data.frames, cfg.temporal_compression, continuous=not cfg.is_discrete
-        )
-    if loss.flow.ever_on:
-        for height, width in clip_sizes(data, cfg.spatial_compression):
-            problems += loss.flow.clip_problems("loss.flow", data.frames, height, width)
+    clips = Clips(
+        data.frames, tuple(clip_sizes(data, cfg.spatial_compression)), cfg.temporal_compression, not cfg.is_discrete
+    )
+    problems = loss.clip_problems(clips)
     if problems:
         raise ValueError(
             f"the loss does not fit {cfg.name} clips of {data.frames}x{data.height}x{data.width}: "
