@@ -81,6 +81,8 @@ BAD_INPUT = [
     ("trainer.max_steps=abc", "invalid override trainer.max_steps=abc: 'abc' is not a valid int"),
     ("optim.lr=inf", "invalid optim.lr=inf: must be a positive, finite number"),
     ("loss.l1_weight=-1", "invalid loss.l1_weight=-1.0: must be finite and >= 0"),
+    ("--factory", "--factory needs a value (e.g. --factory tiny)"),
+    ("--bogus", "unknown option --bogus; train_tokenizer.py --help lists the options"),
 ]
 
 
