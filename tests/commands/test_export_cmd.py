@@ -99,3 +99,25 @@ def test_an_unknown_format_is_a_command_line_error(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit) as done:
         main(["export", "--checkpoint", "x", "--out", "y", "--format", "cosmos,onnx"])
     assert done.value.code == 2 and "unknown format 'onnx'" in capsys.readouterr().err
+
+
+def test_a_folder_of_the_other_format_is_not_overwritten(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    ckpt = str(reference_weights("CV8x8x8"))
+    cosmos, diffusers = tmp_path / "cosmos", tmp_path / "diffusers"
+    cosmos.mkdir()
+    (cosmos / "autoencoder.jit").write_bytes(b"")
+    diffusers.mkdir()
+    (diffusers / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLCosmos"}))
+    for out, flags, refused in (
+        (
+            cosmos,
+            ["--format", "diffusers", "--latent-stats", "DATA"],
+            f"{cosmos} holds a Cosmos export, whose config.json --format diffusers would replace: use --format "
+            f"cosmos,diffusers (the diffusers folder goes to {cosmos / 'vae'}) or another --out",
+        ),
+        (diffusers, [], f"{diffusers} holds a diffusers folder, whose config.json --format cosmos would replace"),
+    ):
+        assert main(["export", "--checkpoint", ckpt, "--out", str(out), *flags]) == 1
+        err = capsys.readouterr().err
+        assert refused in err and err.count("\n") == 1, err
+        assert len(list(out.iterdir())) == 1  # nothing written

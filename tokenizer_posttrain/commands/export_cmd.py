@@ -11,30 +11,22 @@ import torch
 from ..core.errors import CommandError
 from ..evaluation.latent_stats import STATS_CLIPS, LatentStats
 from ..evaluation.report import card_sections, drift_warning, verdict
-from ..io.checkpoint import JIT_AUTOENCODER, load_tokenizer, read_checkpoint
-from ..io.diffusers_format import (
-    DIFFUSERS_CLASS,
-    DIFFUSERS_WEIGHTS,
-    PIPELINE_SUBFOLDER,
-    diffusers_class,
-    diffusers_config,
-    write_diffusers,
-)
-from ..io.export import export_tokenizer, refuse_non_finite
+from ..io.checkpoint import load_tokenizer, read_checkpoint
+from ..io.export import refuse_non_finite
+from ..io.formats import DEFAULT_FORMAT, FORMATS, ExportFormat, formats_help, formats_metavar, placements
+from ..io.formats import parse_formats as _parse_formats
 from ..io.model_card import checkpoint_card
 from ..network.tokenizer import CausalVideoTokenizer
 from .guard import run_guarded
 
-FORMATS = ("cosmos", "diffusers")
-
 
 def parse_formats(value: str) -> tuple[str, ...]:
-    """``--format``: ``cosmos``, ``diffusers`` or both, comma-separated (in any order)."""
-    formats = tuple(dict.fromkeys(f.strip() for f in value.split(",")))
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown format {unknown[0]!r} in {value!r}: use cosmos, diffusers or both")
-    return tuple(f for f in FORMATS if f in formats)
+    """``--format``: ``cosmos``, ``diffusers`` or both (any format of :data:`~..io.formats.FORMATS`),
+    comma-separated, in any order."""
+    try:
+        return _parse_formats(value)
+    except ValueError as error:  # argparse shows an ArgumentTypeError's own message, not "invalid value"
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,20 +37,12 @@ def run(args: argparse.Namespace) -> int:
 def _check(network: CausalVideoTokenizer, args: argparse.Namespace, out: Path) -> None:
     """Every refusal, before anything is written (or the latent statistics are computed)."""
     refuse_non_finite(network, out)
-    if "diffusers" in args.format:
-        diffusers_config(network.config)  # ExportError: DV, or another network diffusers cannot build
-        if not args.latent_stats:
-            raise CommandError(
-                "--format diffusers needs --latent-stats DATA: diffusers' Cosmos pipelines normalize latents with "
-                "the latents_mean/latents_std of the vae's config.json, which come from the latent statistics"
-            )
-        if "cosmos" not in args.format and (out / JIT_AUTOENCODER).is_file():
-            raise CommandError(
-                f"{out} holds a Cosmos export, whose config.json --format diffusers would replace: use --format "
-                f"cosmos,diffusers (the diffusers folder goes to {out / PIPELINE_SUBFOLDER}) or another --out"
-            )
-    elif diffusers_class(out):
-        raise CommandError(f"{out} holds a diffusers folder, whose config.json --format cosmos would replace")
+    for fmt, subfolder in placements(args.format):
+        fmt.check(network.config)  # ExportError: a network this format cannot hold (diffusers: DV)
+        if fmt.needs_stats and not args.latent_stats:
+            raise CommandError(f"--format {fmt.name} needs --latent-stats DATA: {fmt.needs_stats}")
+        if not subfolder:
+            _refuse_overwriting(fmt, args.format, out)
     if args.latent_stats and network.is_discrete:
         raise CommandError(
             f"--latent-stats: {network.config.name} is a discrete tokenizer; world models read its token indices, "
@@ -68,6 +52,20 @@ def _check(network: CausalVideoTokenizer, args: argparse.Namespace, out: Path) -
         raise CommandError("--stats-clips and --stats-batch-size must be positive, --stats-workers at least 0")
 
 
+def _refuse_overwriting(fmt: ExportFormat, chosen: tuple[str, ...], out: Path) -> None:
+    """A :class:`CommandError` when ``out``, which ``fmt`` writes into, holds a format not ``chosen`` that shares
+    a file with it (that file would be replaced, leaving a folder of neither format)."""
+    for other in FORMATS.values():
+        shared = next((name for name in fmt.files if name in other.files), None)
+        if other.name in chosen or shared is None or not other.found_in(out):
+            continue
+        message = f"{out} holds a {other.what}, whose {shared} --format {fmt.name} would replace"
+        if fmt.subfolder:  # both fit: this format then goes into its subfolder
+            both = ",".join(_parse_formats((other.name, fmt.name)))
+            message += f": use --format {both} (the {fmt.what} goes to {out / fmt.subfolder}) or another --out"
+        raise CommandError(message)
+
+
 def _export(args: argparse.Namespace) -> int:
     checkpoint, out = Path(args.checkpoint), Path(args.out)
     network = load_tokenizer(checkpoint, ema=args.ema)
@@ -75,18 +73,13 @@ def _export(args: argparse.Namespace) -> int:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     stats = _latent_stats(network, args) if args.latent_stats else None
     files: list[str] = []
-    if "cosmos" in args.format:
-        export_tokenizer(network, out, dtype=dtype)
-        files += ["encoder.jit", "decoder.jit", "autoencoder.jit", "model.safetensors", "config.json"]
-        if stats is not None:
-            files += [p.name for p in stats.write(out)]
-        elif not network.is_discrete:
-            files += [p.name for p in _carried_stats(checkpoint, out)]
-    if "diffusers" in args.format:
-        folder = out / PIPELINE_SUBFOLDER if "cosmos" in args.format else out
-        write_diffusers(network, folder, stats, dtype=dtype)
-        prefix = f"{PIPELINE_SUBFOLDER}/" if folder != out else ""
-        files += [f"{prefix}config.json ({DIFFUSERS_CLASS}, latents_mean/latents_std)", f"{prefix}{DIFFUSERS_WEIGHTS}"]
+    for fmt, subfolder in placements(args.format):
+        prefix = f"{subfolder}/" if subfolder else ""
+        files += [prefix + name for name in fmt.write(network, out / subfolder, stats, dtype)]
+        if fmt.stats_beside and stats is not None:
+            files += [prefix + p.name for p in stats.write(out / subfolder)]
+        elif fmt.stats_beside and not network.is_discrete:
+            files += [prefix + p.name for p in _carried_stats(checkpoint, out / subfolder)]
     results_path = Path(args.results) if args.results else checkpoint.parent.parent / "eval" / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else None
     judged = verdict(results) if results else None
@@ -145,12 +138,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--format",
         type=parse_formats,
-        default=("cosmos",),
-        metavar="cosmos|diffusers|cosmos,diffusers",
-        help="cosmos (default): encoder.jit, decoder.jit, autoencoder.jit, model.safetensors, config.json in OUT; "
-        "diffusers: an AutoencoderKLCosmos folder in OUT (config.json with latents_mean/latents_std, "
-        "diffusion_pytorch_model.safetensors) that diffusers' from_pretrained loads and Cosmos pipelines take as "
-        "their vae: CV only, needs --latent-stats; cosmos,diffusers: both, the diffusers folder in OUT/vae/",
+        default=(DEFAULT_FORMAT,),
+        metavar=formats_metavar(),
+        help=formats_help(),
     )
     parser.add_argument("--ema", action="store_true", help="export the EMA weights (runs with model.ema_decay)")
     parser.add_argument(

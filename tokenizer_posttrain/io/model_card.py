@@ -7,25 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import read_checkpoint
-from .diffusers_format import DIFFUSERS_CLASS, PIPELINE_SUBFOLDER
+from .formats import DEFAULT_FORMAT, placements
 
 
 def _files(formats: tuple[str, ...]) -> list[str]:
-    lines = []
-    if "cosmos" in formats:
-        lines.append(
-            "Exported by tokenizer-posttrain in the official Cosmos layout: `encoder.jit`, `decoder.jit` and "
-            "`autoencoder.jit` load with plain `torch.jit.load` and follow the official call contract; "
-            "`model.safetensors` holds the same weights."
-        )
-    if "diffusers" in formats:
-        where = f"`{PIPELINE_SUBFOLDER}/` holds them" if lines else "Exported by tokenizer-posttrain"
-        lines.append(
-            f"{where} as a diffusers `{DIFFUSERS_CLASS}` folder, which `{DIFFUSERS_CLASS}.from_pretrained` loads and "
-            "a diffusers Cosmos pipeline takes as its `vae`; its `config.json` holds the latent statistics "
-            "(`latents_mean`, `latents_std`)."
-        )
-    return [" ".join(lines)]
+    # One paragraph: each format's sentence, the first one's files in the export folder, the others' in theirs.
+    return [" ".join(fmt.card(subfolder) for fmt, subfolder in placements(formats))]
 
 
 def card_title(model: str, channels: int | None) -> str:
@@ -77,16 +64,17 @@ def model_card(
     results: dict[str, Any] | None,
     ema: bool,
     verdict: str | None = None,
-    formats: tuple[str, ...] = ("cosmos",),
+    formats: tuple[str, ...] = (DEFAULT_FORMAT,),
     sections: list[str] | None = None,
     drift: str | None = None,
 ) -> str:
     """The README.md written next to the exported files; ``verdict`` (how it compares with its base, e.g.
     ``WORSE than the base: PSNR 6.34 -> 5.92 dB ...``) goes above everything else, then ``drift`` (a latent drift
     above its limit, :func:`~..evaluation.report.drift_warning`); ``sections`` (markdown lines) at the end.
-    ``formats``: the export formats written (``cosmos``, ``diffusers``; with both, the diffusers folder is
-    ``vae/``). ``info``: ``model`` (its name), optionally ``channels`` (its width), ``global_step`` and a training
-    checkpoint's ``hyper_parameters`` (base, what trained, data, learning rate)."""
+    ``formats``: the export formats written (names of :data:`~.formats.FORMATS`: ``cosmos``, ``diffusers``;
+    with both, the diffusers folder is ``vae/``). ``info``: ``model`` (its name), optionally ``channels`` (its
+    width), ``global_step`` and a training checkpoint's ``hyper_parameters`` (base, what trained, data, learning
+    rate)."""
     hp = info.get("hyper_parameters") or {}
     model, data, optim = hp.get("model") or {}, hp.get("data") or {}, hp.get("optim") or {}
     channels = info.get("channels", model.get("channels"))
@@ -141,7 +129,7 @@ def checkpoint_card(
     ema: bool,
     global_step: int | None = None,
     verdict: str | None = None,
-    formats: tuple[str, ...] = ("cosmos",),
+    formats: tuple[str, ...] = (DEFAULT_FORMAT,),
     sections: list[str] | None = None,
     channels: int | None = None,
     drift: str | None = None,

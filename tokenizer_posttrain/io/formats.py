@@ -1,0 +1,212 @@
+"""The export formats, one table: what ``export``, the posttrain workflow and the model card loop over.
+
+Each :class:`ExportFormat` says what it writes (:attr:`~ExportFormat.write`), which networks it can hold
+(:attr:`~ExportFormat.check`), how a folder of it is recognised and read back, and the model card's sentence
+about it. A new format is one :func:`register_format` call (or one entry in :data:`FORMATS`) and its test: the
+``--format`` values, the refusals, the files written and the card follow from the entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..network import CausalVideoTokenizer
+from ..network.registry import TokenizerConfig
+from .checkpoint import load_tokenizer
+from .diffusers_format import (
+    DIFFUSERS_CLASS,
+    DIFFUSERS_WEIGHTS,
+    PIPELINE_SUBFOLDER,
+    LatentMoments,
+    diffusers_class,
+    diffusers_config,
+    write_diffusers,
+)
+from .export import export_tokenizer
+from .layout import CONFIG_JSON, JIT_AUTOENCODER, JIT_DECODER, JIT_ENCODER, SAFETENSORS
+
+Writer = Callable[[CausalVideoTokenizer, Path, LatentMoments | None, torch.dtype], list[str]]
+"""``write(network, folder, stats, dtype)``: writes the format into ``folder``; the files written, relative to
+``folder`` (as the export's closing line names them)."""
+
+
+def _accepts_any(config: TokenizerConfig) -> None:
+    """The check of a format that holds every network."""
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One export format: its ``--format`` name and everything the export, the workflow and the card ask of it."""
+
+    name: str
+    """The ``--format`` value (no comma: the values are a comma-separated list)."""
+    what: str
+    """How messages name a folder of it: ``{out} holds a {what}``, ``the {what} goes to ...``."""
+    files: tuple[str, ...]
+    """The files it writes at the top of its folder; two formats in one folder must not share one."""
+    help: str
+    """Its part of ``export --format``'s help."""
+    card: Callable[[str], str]
+    """``card(subfolder)``: the model card's sentence about its files; ``subfolder`` is ``""`` when they are in
+    the export folder itself, else the folder inside it that holds them."""
+    write: Writer
+    """See :data:`Writer`."""
+    found_in: Callable[[Path], bool]
+    """Whether a folder already holds one (an export must not overwrite it with another format's files)."""
+    check: Callable[[TokenizerConfig], None] = _accepts_any
+    """Refuses, with an :class:`~..core.errors.ExportError` in one line, a network this format cannot hold
+    (diffusers: a discrete tokenizer); called before any work."""
+    read_back: Callable[[Path], CausalVideoTokenizer] = load_tokenizer
+    """Loads a folder of it again, strictly (what a test or a check after writing compares with)."""
+    subfolder: str = ""
+    """Where it goes inside the export folder when another format holds that folder (``""``: beside it)."""
+    needs_stats: str = ""
+    """Why it cannot be written without the latent statistics (``""``: it can)."""
+    stats_beside: bool = False
+    """Whether the latent statistics files (``mean_std.pt``, ``image_mean_std.pt``) go beside its files."""
+
+
+def _write_cosmos(
+    network: CausalVideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype
+) -> list[str]:
+    # The statistics files are the caller's (stats_beside): a run may copy its base's instead.
+    export_tokenizer(network, folder, dtype=dtype)
+    return list(_COSMOS_FILES)
+
+
+def _cosmos_card(subfolder: str) -> str:
+    return (
+        "Exported by tokenizer-posttrain in the official Cosmos layout: `encoder.jit`, `decoder.jit` and "
+        "`autoencoder.jit` load with plain `torch.jit.load` and follow the official call contract; "
+        "`model.safetensors` holds the same weights."
+    )
+
+
+def _write_diffusers(
+    network: CausalVideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype
+) -> list[str]:
+    write_diffusers(network, folder, stats, dtype=dtype)
+    return [f"{CONFIG_JSON} ({DIFFUSERS_CLASS}, latents_mean/latents_std)", DIFFUSERS_WEIGHTS]
+
+
+def _diffusers_card(subfolder: str) -> str:
+    where = f"`{subfolder}/` holds them" if subfolder else "Exported by tokenizer-posttrain"
+    return (
+        f"{where} as a diffusers `{DIFFUSERS_CLASS}` folder, which `{DIFFUSERS_CLASS}.from_pretrained` loads and "
+        "a diffusers Cosmos pipeline takes as its `vae`; its `config.json` holds the latent statistics "
+        "(`latents_mean`, `latents_std`)."
+    )
+
+
+def _check_diffusers(config: TokenizerConfig) -> None:
+    diffusers_config(config)  # ExportError: DV, or another network diffusers cannot build
+
+
+_COSMOS_FILES = (JIT_ENCODER, JIT_DECODER, JIT_AUTOENCODER, SAFETENSORS, CONFIG_JSON)
+
+COSMOS = ExportFormat(
+    name="cosmos",
+    what="Cosmos export",
+    files=_COSMOS_FILES,
+    help="encoder.jit, decoder.jit, autoencoder.jit, model.safetensors, config.json in OUT",
+    card=_cosmos_card,
+    write=_write_cosmos,
+    found_in=lambda folder: (folder / JIT_AUTOENCODER).is_file(),
+    stats_beside=True,
+)
+DIFFUSERS = ExportFormat(
+    name="diffusers",
+    what="diffusers folder",
+    files=(CONFIG_JSON, DIFFUSERS_WEIGHTS),
+    help="an AutoencoderKLCosmos folder in OUT (config.json with latents_mean/latents_std, "
+    "diffusion_pytorch_model.safetensors) that diffusers' from_pretrained loads and Cosmos pipelines take as "
+    "their vae: CV only, needs --latent-stats",
+    card=_diffusers_card,
+    write=_write_diffusers,
+    # diffusers_class raises for a diffusers folder whose config.json is damaged: never overwritten unseen.
+    found_in=lambda folder: bool(diffusers_class(folder)),
+    check=_check_diffusers,
+    subfolder=PIPELINE_SUBFOLDER,
+    needs_stats="diffusers' Cosmos pipelines normalize latents with the latents_mean/latents_std of the vae's "
+    "config.json, which come from the latent statistics",
+)
+
+FORMATS: dict[str, ExportFormat] = {COSMOS.name: COSMOS, DIFFUSERS.name: DIFFUSERS}
+"""Every export format by name, in the order they are written (and named in the card and the messages)."""
+DEFAULT_FORMAT = COSMOS.name
+"""What ``export`` writes without ``--format``, and what the posttrain workflow always writes (its evaluation
+reads it)."""
+
+
+def register_format(fmt: ExportFormat) -> ExportFormat:
+    """Add ``fmt`` to :data:`FORMATS` (after the others); returns it. A name already taken, or one with a comma
+    or blank, is a :class:`ValueError`."""
+    if fmt.name in FORMATS:
+        raise ValueError(f"export format {fmt.name!r} is registered already")
+    if not fmt.name or "," in fmt.name or fmt.name.strip() != fmt.name:
+        raise ValueError(f"export format name {fmt.name!r}: a --format value needs a name without commas or blanks")
+    FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def format_choices() -> str:
+    """The ``--format`` values for people: ``cosmos, diffusers or both`` (with more formats, ``a, b, c or
+    several``)."""
+    names = list(FORMATS)
+    if len(names) == 1:
+        return names[0]
+    return f"{', '.join(names[:-1])}, {names[-1]} or {'both' if len(names) == 2 else 'several'}"
+
+
+def unknown_formats(names: Iterable[str]) -> list[str]:
+    """The names in ``names`` that are no export format, in their order, each once."""
+    return [name for name in dict.fromkeys(names) if name not in FORMATS]
+
+
+def parse_formats(value: str | Iterable[str]) -> tuple[str, ...]:
+    """Export format names, from a comma-separated string (``--format cosmos,diffusers``) or a list of names:
+    each once, in :data:`FORMATS`' order (whatever order they are given in). An unknown name is a
+    :class:`ValueError` naming the first."""
+    parts = value.split(",") if isinstance(value, str) else value
+    names = tuple(dict.fromkeys(name.strip() for name in parts))
+    unknown = unknown_formats(names)
+    if unknown:
+        raise ValueError(f"unknown format {unknown[0]!r} in {value!r}: use {format_choices()}")
+    return tuple(name for name in FORMATS if name in names)
+
+
+def check_formats(names: Iterable[str], config: TokenizerConfig) -> None:
+    """Refuse (:class:`~..core.errors.ExportError`, from the first format that does) a network of ``config``
+    that one of the formats ``names`` cannot hold: before any work, so that nothing trains for an export that
+    would fail."""
+    for name in parse_formats(names):
+        FORMATS[name].check(config)
+
+
+def placements(names: Iterable[str]) -> list[tuple[ExportFormat, str]]:
+    """(format, subfolder) of each format in ``names``, in :data:`FORMATS`' order: the first writes into the
+    export folder itself (subfolder ``""``), each other one into its :attr:`~ExportFormat.subfolder`."""
+    chosen = [FORMATS[name] for name in parse_formats(names)]
+    return [(fmt, fmt.subfolder if i else "") for i, fmt in enumerate(chosen)]
+
+
+def formats_metavar() -> str:
+    """``--format``'s metavar: each value alone, then all of them (``cosmos|diffusers|cosmos,diffusers``)."""
+    names = list(FORMATS)
+    return "|".join([*names, ",".join(names)] if len(names) > 1 else names)
+
+
+def formats_help() -> str:
+    """``--format``'s help: each format's :attr:`~ExportFormat.help`, then where a format goes when written with
+    the default one."""
+    parts = [f"{fmt.name}{' (default)' if fmt.name == DEFAULT_FORMAT else ''}: {fmt.help}" for fmt in FORMATS.values()]
+    parts += [
+        f"{DEFAULT_FORMAT},{fmt.name}: both, the {fmt.what} in OUT/{fmt.subfolder}/"
+        for fmt in FORMATS.values()
+        if fmt.name != DEFAULT_FORMAT and fmt.subfolder
+    ]
+    return "; ".join(parts)
