@@ -3,5 +3,5 @@ checkpoints (:mod:`.checkpoint`), on the file names and key layout they share (:
 read as data, never run (:mod:`.jit_archive`), and ``config.json`` values bounded before a network is built from
 them (:mod:`.config_json`); the export to the official file set (:mod:`.export`), diffusers'
 ``AutoencoderKLCosmos`` folders both ways (:mod:`.diffusers_format`) and the model card written beside them
-(:mod:`.model_card`). A new export format is one function here beside :func:`~.export.export_tokenizer`, and its
-test in ``tests/io``."""
+(:mod:`.model_card`). The formats a user picks are entries of one table (:mod:`.formats`): a new one is an
+``ExportFormat`` there (or a :func:`~.formats.register_format` call), and its test in ``tests/io``."""
