@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -180,23 +181,30 @@ def _prepare(root: Path, val_fraction: float, seed: int) -> int:
     return 0
 
 
-def _make_shards(args: argparse.Namespace) -> int:
-    src: Path = args.src
+def make_shards_command(src: Path, out: Path | None, opts: Options) -> int:
+    """``make-shards SRC OUT`` as a function, for a caller in its own process (the posttrain workflow): prints what
+    the command prints and returns its exit status, bad input as one ``error:`` line on stderr as the command
+    line gives it (``opts.val_fraction`` is checked here, as the command line's parser checks it)."""
+    if not 0 <= opts.val_fraction < 1:
+        return _fail(f"argument --val-fraction: must be in [0, 1), got {opts.val_fraction}")
+    return _guarded(lambda: _make_shards(src, out, opts))
+
+
+def _make_shards(src: Path, out: Path | None, opts: Options) -> int:
     if not src.is_dir():
         return _fail(f"SRC {src} is not a folder; give the folder that holds your videos")
     has_videos = bool(find_videos(src))
     if not has_videos and not find_shards(src):
         return _fail(f"no videos in {src} (looked recursively for .mp4 .mov .m4v .mkv .webm .avi)")
     if not has_videos:
-        if args.out is not None and args.out.resolve() != src.resolve():
+        if out is not None and out.resolve() != src.resolve():
             return _fail(
                 f"{src} holds tar shards, not videos; prepare it in place with: python -m data_tools prepare {src}"
             )
-        return _prepare(src, args.val_fraction, args.seed)
-    if args.out is None:
+        return _prepare(src, opts.val_fraction, opts.seed)
+    if out is None:
         return _fail("OUT is required when SRC holds videos: python -m data_tools make-shards SRC OUT")
-    opts = Options(args.shard_size, args.val_fraction, args.transcode, args.max_height, args.seed, args.allow_skips)
-    return make_shards(src, args.out, opts)
+    return make_shards(src, out, opts)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -247,14 +255,24 @@ def _skips_status(found: Findings, args: argparse.Namespace, console: Console) -
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.command == "make-shards":
+        opts = Options(args.shard_size, args.val_fraction, args.transcode, args.max_height, args.seed, args.allow_skips)
+        return make_shards_command(args.src, args.out, opts)
+    if args.command == "prepare":
+        return _guarded(lambda: _prepare_command(args.dir, args.val_fraction, args.seed))
+    return _guarded(lambda: _check(args))
+
+
+def _prepare_command(folder: Path, val_fraction: float, seed: int) -> int:
+    if not folder.is_dir() or not find_shards(folder):
+        return _fail(f"DIR {folder} is not a folder of *.tar shards (for videos use make-shards SRC OUT)")
+    return _prepare(folder, val_fraction, seed)
+
+
+def _guarded(command: Callable[[], int]) -> int:
+    """``command``'s exit status, with the errors a user can fix said in one ``error:`` line (no traceback)."""
     try:
-        if args.command == "make-shards":
-            return _make_shards(args)
-        if args.command == "prepare":
-            if not args.dir.is_dir() or not find_shards(args.dir):
-                return _fail(f"DIR {args.dir} is not a folder of *.tar shards (for videos use make-shards SRC OUT)")
-            return _prepare(args.dir, args.val_fraction, args.seed)
-        return _check(args)
+        return command()
     except (UsageError, NoSamples) as err:
         return _fail(str(err))
     except PrepareError as err:

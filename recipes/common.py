@@ -6,7 +6,6 @@ SLURM_NNODES) is resolved when the run starts, so a recipe renders the same anyw
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 import nemo_run as run
@@ -18,17 +17,12 @@ from tokenizer_posttrain.losses.gram import GramConfig
 from tokenizer_posttrain.losses.high_freq import HighFreqConfig
 from tokenizer_posttrain.losses.l1 import L1Config
 from tokenizer_posttrain.losses.perceptual import PerceptualConfig
-from tokenizer_posttrain.training.acceleration import GPU_SETTINGS
-from tokenizer_posttrain.training.config import (
-    DataConfig,
-    LogConfig,
-    LoRAConfig,
-    ModelConfig,
-    OptimConfig,
-    ResumeConfig,
-    TrainerConfig,
-)
+from tokenizer_posttrain.training import run_config
+from tokenizer_posttrain.training.config import DataConfig, ModelConfig, TrainerConfig
 from tokenizer_posttrain.training.train import train
+
+# The configs themselves are assembled in tokenizer_posttrain.training.run_config, which the posttrain workflow
+# also builds its runs with: these recipes only make each piece a run.Config, so that it stays overridable.
 
 
 def model(
@@ -36,24 +30,14 @@ def model(
 ) -> run.Config[ModelConfig]:
     """``fast``: the GPU settings of the acceleration module (compiled, channels-last training step replayed
     as CUDA graphs; docs/benchmarks.md has what they measured)."""
-    return run.Config(
-        ModelConfig,
-        model=name,
-        jit_ckpt_pth=jit_ckpt_pth,
-        channels=channels,
-        lora=run.Config(LoRAConfig),
-        **{key: fast and value for key, value in GPU_SETTINGS.items()},
-    )
+    return run_config.model_config(run.Config, name, jit_ckpt_pth, channels, fast)
 
 
-def loss_config(**terms: Any) -> run.Config[LossConfig]:  # noqa: ANN401
+def loss_config(**terms: Any) -> run.Config[LossConfig]:
     """``LossConfig`` with every term's settings (``loss.gan`` too) a ``run.Config`` of its own: ``terms`` where
     given, the defaults elsewhere. NeMo-Run cannot reach into a dataclass default (``default_factory``), so an
     override ``loss.<term>.<setting>`` needs its term here."""
-    for f in dataclasses.fields(LossConfig):
-        if f.name not in terms and dataclasses.is_dataclass(f.default_factory):
-            terms[f.name] = run.Config(f.default_factory)
-    return run.Config(LossConfig, **terms)
+    return run_config.loss_config(run.Config, **terms)
 
 
 def loss(perceptual_weight: float = 0.1) -> run.Config[LossConfig]:
@@ -79,27 +63,15 @@ def cosmos_loss() -> run.Config[LossConfig]:
 def data(
     frames: int = 33, size: int = 256, global_batch_size: int = 8, micro_batch_size: int = 1, num_workers: int = 2
 ) -> run.Config[DataConfig]:
-    return run.Config(
-        DataConfig,
-        frames=frames,
-        height=size,
-        width=size,
-        global_batch_size=global_batch_size,
-        micro_batch_size=micro_batch_size,
-        num_workers=num_workers,
-    )
+    """Square ``size`` x ``size`` clips of ``frames`` frames; NeMo's batch sizes by default."""
+    return run_config.data_config(run.Config, frames, size, global_batch_size, micro_batch_size, num_workers)
 
 
 def trainer(
     max_steps: int = -1, accelerator: str = "gpu", val_check_interval: int = 100, checkpoint_every_n_steps: int = 100
 ) -> run.Config[TrainerConfig]:
-    return run.Config(
-        TrainerConfig,
-        max_steps=max_steps,
-        accelerator=accelerator,
-        val_check_interval=val_check_interval,
-        checkpoint_every_n_steps=checkpoint_every_n_steps,
-    )
+    """How long, where, and how often to validate and checkpoint; NeMo's defaults otherwise."""
+    return run_config.trainer_config(run.Config, max_steps, accelerator, val_check_interval, checkpoint_every_n_steps)
 
 
 def train_recipe(
@@ -111,13 +83,7 @@ def train_recipe(
     log_dir: str = "outputs",
 ) -> run.Partial:
     """The full training task; every field stays overridable on the command line."""
-    return run.Partial(
-        train,
-        model=model_cfg,
-        data=data_cfg or data(),
-        trainer=trainer_cfg or trainer(),
-        optim=run.Config(OptimConfig),
-        resume=run.Config(ResumeConfig),
-        log=run.Config(LogConfig, log_dir=log_dir, name=name),
-        loss=loss_cfg or loss(),
+    arguments = run_config.train_arguments(
+        run.Config, model_cfg, data_cfg or data(), trainer_cfg or trainer(), loss_cfg or loss(), name, log_dir
     )
+    return run.Partial(train, **arguments)

@@ -328,6 +328,21 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
 
 
+def test_make_shards_as_a_function_checks_what_the_command_line_checks(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # The posttrain workflow calls it in its own process, with no parser in front to check the fraction.
+    from data_tools.__main__ import make_shards_command
+    from data_tools.make_shards import Options
+
+    write_video(tmp_path / "v" / "a.mp4", 8, 32, 32)
+    assert make_shards_command(tmp_path / "v", tmp_path / "out", Options(val_fraction=1.0)) == 2
+    assert capsys.readouterr().err == "error: argument --val-fraction: must be in [0, 1), got 1.0\n"
+    (tmp_path / "e").mkdir()
+    assert make_shards_command(tmp_path / "e", tmp_path / "out", Options()) == 2
+    assert "error: no videos in" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
 def test_a_broken_manifest_line_is_named_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # Before: json.decoder.JSONDecodeError (or KeyError) and a traceback, from make-shards and from prepare.
     src, out = tmp_path / "src", tmp_path / "out"

@@ -160,3 +160,20 @@ def test_every_loss_term_and_the_gan_take_overrides_in_every_recipe(factory: str
     assert (loss.gram.weight, loss.flow.raft) == (0.5, "small")
     assert (loss.high_freq.weight, loss.consistency.weight) == (0.2, 0.3)
     assert (loss.gan.weight, loss.gan.disc_start, loss.gan.gen_start, loss.gan.channels) == (0.1, 7, 9, 64)
+
+
+def test_the_recipes_and_posttrain_assemble_the_run_in_one_place() -> None:
+    # posttrain builds its training run with run_config's functions and instances; a recipe with the same
+    # functions and run.Config: the built recipe is the run posttrain would make from the same settings.
+    from tokenizer_posttrain.training import run_config as rc
+
+    built = fdl.build(recipes.tiny.tiny()).keywords
+    assert built == rc.train_arguments(
+        rc.instance,
+        rc.model_config(rc.instance, "CV8x8x8", channels=16),
+        rc.data_config(rc.instance, 17, 64, 2, 2, 0),
+        rc.trainer_config(rc.instance, 60, "cpu", 20, 20),
+        rc.loss_config(rc.instance, perceptual_weight=0.0),
+        "tiny_cv8x8x8",
+        "outputs",
+    )

@@ -6,7 +6,6 @@ import contextlib
 import datetime
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -248,12 +247,24 @@ def test_sweep_picks_a_configuration_within_the_drift_limit(
     assert "Identical to the base's" in (export / "README.md").read_text()
 
 
-def test_shards_are_made_with_data_tools_from_the_repository_root() -> None:
-    # The workflow starts `python -m data_tools` in a fresh process: its path must hold the repository root.
-    from tokenizer_posttrain.workflow.posttrain import _root_path
+def test_shards_are_made_in_this_process_and_a_failure_stops_with_data_tools_error(
+    tmp_path: Path, base_and_videos: tuple, capfd: pytest.CaptureFixture
+) -> None:
+    # The workflow calls data_tools' make-shards as a function (no fresh interpreter, no PYTHONPATH to set): what
+    # it prints stays out of posttrain's output, and its error line ends posttrain with exit code 1.
+    from tokenizer_posttrain.core.errors import DataError
+    from tokenizer_posttrain.workflow.posttrain import prepare_data
 
-    root = Path(_root_path().split(os.pathsep)[0])
-    assert (root / "data_tools" / "__main__.py").is_file() and (root / "tokenizer_posttrain").is_dir()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match=r"(?s)making shards from .*empty failed:\nerror: no videos in .*empty"):
+        prepare_data(empty, tmp_path / "run", 0.1)
+    with pytest.raises(DataError, match=r"--val-fraction: must be in \[0, 1\), got 1.5"):
+        prepare_data(empty, tmp_path / "run", 1.5)
+    assert capfd.readouterr() == ("", "")
+    base, _ = base_and_videos
+    result = posttrain_here(base, empty, tmp_path / "out")
+    assert result.returncode == 1 and f"no videos in {empty}" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_a_non_finite_learning_rate_stops_before_any_work(tmp_path: Path, base_and_videos: tuple) -> None:

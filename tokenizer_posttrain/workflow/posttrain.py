@@ -7,12 +7,11 @@ With ``sweep``, short runs over learning rate and what trains pick the configura
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Literal, Optional
@@ -46,16 +45,18 @@ from ..losses.gan import GANConfig
 from ..losses.perceptual import find_vgg16_weights
 from ..network.registry import TokenizerConfig
 from ..training.acceleration import fast_encoder
-from ..training.config import (
-    DataConfig,
-    LogConfig,
-    LoRAConfig,
-    LossConfig,
-    ModelConfig,
-    OptimConfig,
-    ResumeConfig,
-    TrainerConfig,
+from ..training.config import OptimConfig, ResumeConfig
+from ..training.run_config import (
+    data_config,
+    instance,
+    loss_config,
+    model_config,
+    train_arguments,
+    trainer_config,
 )
+
+INTERRUPTED = 130
+"""make-shards' exit status after Ctrl-C."""
 
 
 def gan_config(weight: float, start: int) -> GANConfig:
@@ -68,29 +69,29 @@ def gan_config(weight: float, start: int) -> GANConfig:
 
 
 def prepare_data(videos: Path, run_dir: Path, val_fraction: float) -> Path:
-    """An energon dataset: ``videos`` itself when prepared, else shards made in ``run_dir/data``."""
+    """An energon dataset: ``videos`` itself when prepared, else shards made in ``run_dir/data`` by data_tools'
+    ``make-shards`` (in this process; what it prints is kept back, and shown in the :class:`DataError` when it
+    fails)."""
     if dataset_splits(videos):
         return videos
+    # data_tools sits beside the package, packaged with it (pyproject): imported only when shards are made.
+    from data_tools.__main__ import make_shards_command
+    from data_tools.make_shards import Options
+
     out = run_dir / "data"
-    cmd = [
-        sys.executable,
-        "-m",
-        "data_tools",
-        "make-shards",
-        str(videos),
-        str(out),
-        "--val-fraction",
-        str(val_fraction),
-    ]
-    result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _root_path()})
-    if result.returncode != 0:
-        raise DataError(f"making shards from {videos} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    stdout, stderr = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            status = make_shards_command(videos, out, Options(val_fraction=val_fraction))
+    except Exception as err:  # what a separate make-shards process would have died of: still the data step's error
+        print(f"{type(err).__name__}: {err}", file=stderr)
+        status = 1
+    if status == INTERRUPTED:
+        raise KeyboardInterrupt  # Ctrl-C stops posttrain, as it does at every other step
+    if status != 0:
+        output = f"{stdout.getvalue()[-2000:]}{stderr.getvalue()[-2000:]}"
+        raise DataError(f"making shards from {videos} failed:\n{output}")
     return out
-
-
-def _root_path() -> str:
-    root = str(Path(__file__).resolve().parents[2])  # the repository: data_tools beside the package
-    return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
 
 
 def perceptual_weight_or_default(requested: float | None) -> float:
@@ -191,20 +192,19 @@ def _train_variant(
     from ..training.train import train
 
     has_val = "val" in dataset_splits(data_path)
-    model = ModelConfig(
-        model=model_name, jit_ckpt_pth=base, channels=channels, trainable=trainable, lora=LoRAConfig(rank=lora_rank)
-    )
-    data = DataConfig(
+    # The same assembly as the recipes' (run_config), with the dataclasses made at once instead of run.Configs.
+    model = model_config(instance, model_name, base, channels, trainable=trainable, lora_rank=lora_rank)
+    data = data_config(
+        instance,
+        frames,
+        size,
+        batch_size,
+        batch_size,
+        num_workers,
         path=str(data_path),
-        frames=frames,
-        height=size,
-        width=size,
         resize_short_side=resize_short_side,
-        global_batch_size=batch_size,
-        micro_batch_size=batch_size,
-        num_workers=num_workers,
     )
-    loss = LossConfig(perceptual_weight=perceptual, gan=gan_config(gan_weight, gan_start))
+    loss = loss_config(instance, perceptual_weight=perceptual, gan=gan_config(gan_weight, gan_start))
     ckpt_dir = Path(run_dir) / name / "checkpoints"
     try:
         done = find_resume_checkpoint(ckpt_dir, ResumeConfig())
@@ -217,23 +217,28 @@ def _train_variant(
                 flush=True,
             )
         else:
-            train(
-                model=model,
-                data=data,
-                trainer=TrainerConfig(
-                    accelerator=accelerator,
-                    max_steps=steps,
-                    devices="1",
-                    val_check_interval=max(1, steps // 4) if has_val else steps,
-                    checkpoint_every_n_steps=max(1, steps // 4),
-                ),
-                optim=OptimConfig(lr=lr, schedule="cosine", warmup_steps=max(1, steps // 20)),
-                resume=ResumeConfig(),
+            trainer = trainer_config(
+                instance,
+                steps,
+                accelerator,
+                val_check_interval=max(1, steps // 4) if has_val else steps,
+                checkpoint_every_n_steps=max(1, steps // 4),
+                devices="1",
+            )
+            arguments = train_arguments(
+                instance,
+                model,
+                data,
+                trainer,
+                loss,
+                name,
+                str(run_dir),
+                optim={"lr": lr, "schedule": "cosine", "warmup_steps": max(1, steps // 20)},
                 # No export at the end: its latent statistics would be measured twice, the second time with
                 # posttrain's --stats-clips; posttrain exports the last checkpoint below.
-                log=LogConfig(log_dir=str(run_dir), name=name, export_on_end=False),
-                loss=loss,
+                log={"export_on_end": False},
             )
+            train(**arguments)
             done = find_resume_checkpoint(ckpt_dir, ResumeConfig())
     except (UserError, ValueError) as err:
         raise UserError(in_posttrain_terms(str(err))) from None
@@ -347,17 +352,9 @@ def posttrain(
     timings["shards"] = time.monotonic() - clock
     clip = {"frames": frames, "size": size, "resize_short_side": resize_short_side}
     perceptual = perceptual_weight_or_default(perceptual_weight)
-    common = dict(
-        frames=frames,
-        size=size,
-        resize_short_side=resize_short_side,
-        batch_size=batch_size,
-        num_workers=num_workers,
-        accelerator=accelerator,
-        perceptual=perceptual,
-        gan_weight=gan_weight,
-        gan_start=gan_start,
-    )
+    # What every training run of this workflow shares (the sweep's too): the clip, and the settings below.
+    common = {**clip, "batch_size": batch_size, "num_workers": num_workers, "accelerator": accelerator}
+    common.update(perceptual=perceptual, gan_weight=gan_weight, gan_start=gan_start)
     judging = dict(max_clips=eval_clips, drift_limit=max_latent_drift, **clip)
     print(f"[1/4] baseline evaluation of {base}", flush=True)
     clock = time.monotonic()
