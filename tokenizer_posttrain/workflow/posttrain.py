@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Literal, Optional
 
+import torch
+
 from ..core.errors import CheckpointError, DataError, UserError, WorseThanBaseError
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.layout import dataset_splits
@@ -38,8 +40,17 @@ from ..evaluation.report import (
     verdict,
 )
 from ..io.checkpoint import MODEL_FLAG, load_tokenizer, read_weights, resolve_config
-from ..io.diffusers_format import PIPELINE_SUBFOLDER, diffusers_config, normalizes, write_diffusers
+from ..io.diffusers_format import normalizes
 from ..io.export import CHUNK_FRAMES, export_tokenizer
+from ..io.formats import (
+    DEFAULT_FORMAT,
+    FORMATS,
+    check_formats,
+    format_choices,
+    parse_formats,
+    placements,
+    unknown_formats,
+)
 from ..io.model_card import checkpoint_card
 from ..losses.gan import GANConfig
 from ..losses.perceptual import find_vgg16_weights
@@ -334,16 +345,21 @@ def posttrain(
         OptimConfig(lr=rate)
     gan_start = steps // 2 if gan_start is None else gan_start
     gan_config(gan_weight, gan_start)  # bad GAN settings fail now, before any work
-    formats = formats or ["cosmos"]
-    unknown = sorted(set(formats) - {"cosmos", "diffusers"})
+    formats = formats or [DEFAULT_FORMAT]
+    unknown = sorted(unknown_formats(formats))
     if unknown:
-        raise UserError(f"--formats {' '.join(formats)}: unknown format {unknown[0]!r}; use cosmos, diffusers or both")
+        raise UserError(f"--formats {' '.join(formats)}: unknown format {unknown[0]!r}; use {format_choices()}")
+    written = parse_formats([DEFAULT_FORMAT, *formats])  # the default is always written: the evaluation reads it
     if stats_clips is not None and stats_clips < 1:
         raise UserError(f"--stats-clips {stats_clips}: must be at least 1 (leave it out for the default)")
     config = resolve_config(read_weights(base), model, {}, MODEL_FLAG)
-    if "diffusers" in formats:
-        diffusers_config(config)  # DV or another network diffusers cannot build: refused before any work
-    check_base_stats(config, base, compared=sweep or trainable != "decoder", diffusers="diffusers" in formats)
+    check_formats(formats, config)  # a network a chosen format cannot hold (diffusers: DV): before any work
+    check_base_stats(
+        config,
+        base,
+        compared=sweep or trainable != "decoder",
+        diffusers=any(FORMATS[name].needs_stats for name in formats),
+    )
     run_dir = Path(out).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -394,9 +410,11 @@ def posttrain(
         config, chosen["trainable"], base, data_path, export_dir, clips, clip, num_workers, stats_clips is None
     )
     timings["latent_stats"] = time.monotonic() - clock
-    if "diffusers" in formats:
-        write_diffusers(load_tokenizer(export_dir), export_dir / PIPELINE_SUBFOLDER, read_latent_stats(export_dir))
-        print(f"diffusers folder: {export_dir / PIPELINE_SUBFOLDER}", flush=True)
+    for fmt, subfolder in placements(written):
+        if fmt.name == DEFAULT_FORMAT:
+            continue  # the training run's export wrote it
+        fmt.write(load_tokenizer(export_dir), export_dir / subfolder, read_latent_stats(export_dir), torch.float32)
+        print(f"{fmt.what}: {export_dir / subfolder}", flush=True)
     print("[3/4] evaluation against the baseline", flush=True)
     clock = time.monotonic()
     after = evaluate(str(export_dir), str(data_path), str(run_dir / "eval"), baseline=base, **judging)
@@ -414,7 +432,7 @@ def posttrain(
             ema=False,
             global_step=steps,
             verdict=judged.line,
-            formats=("cosmos", "diffusers") if "diffusers" in formats else ("cosmos",),
+            formats=written,
             sections=card_sections(after),
             channels=config.channels,
             drift=drift,
