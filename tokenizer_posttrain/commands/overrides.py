@@ -147,6 +147,12 @@ def recipe_values(recipe: Any) -> dict[str, Any]:
         built = fdl.build(recipe)
     except Exception:  # noqa: BLE001 - the help still shows the defaults
         return {}
+    return built_values(built)
+
+
+def built_values(built: Any) -> dict[str, Any]:
+    """``key -> value`` of every setting of a built entry (the ``functools.partial`` that ``fdl.build`` makes of a
+    recipe): each group's fields, nested configs too."""
     values: dict[str, Any] = {}
 
     def walk(prefix: str, config: Any) -> None:

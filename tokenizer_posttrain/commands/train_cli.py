@@ -24,6 +24,7 @@ from ..core.errors import CommandError
 from .guard import EXPECTED_ERRORS, fail, run_guarded
 from .overrides import (
     VALUE_OPTIONS,
+    built_values,
     check_override_keys,
     check_yaml_file,
     groups,
@@ -200,7 +201,7 @@ def _launch(fn: Callable, factory: Callable, given: list[str], dry_run: Callable
         # A value of the wrong type for a setting: the user's, and only here (a TypeError in training is a bug,
         # shown with its traceback). Fiddle appends its call context: our message already names the key.
         raise CommandError(str(err).split(FIDDLE_CONTEXT)[0]) from None
-    recipe, resolved = recipe_values(factory()), recipe_values(task)
+    recipe, resolved = recipe_values(factory()), built_values(built)
     speak = _is_rank_zero()
     if "--dryrun" in given:
         if speak:
