@@ -36,8 +36,7 @@ sys.path.insert(0, str(ROOT))
 from tokenizer_posttrain.evaluation.clips import open_clips  # noqa: E402
 from tokenizer_posttrain.evaluation.latent_stats import Moments, dataset_latent_stats  # noqa: E402
 from tokenizer_posttrain.io.checkpoint import load_tokenizer  # noqa: E402
-from tokenizer_posttrain.network import CausalVideoTokenizer  # noqa: E402
-from tokenizer_posttrain.network.registry import get_config  # noqa: E402
+from tokenizer_posttrain.network import VideoTokenizer, build_tokenizer  # noqa: E402
 from tokenizer_posttrain.training.acceleration import fast_encoder  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -58,9 +57,7 @@ def make_dataset(videos: Path, copies: int, work: Path) -> Path:
     return out
 
 
-def per_clip_moments(
-    network: CausalVideoTokenizer, data: Path, args: argparse.Namespace, seed: int
-) -> Iterator[Moments]:
+def per_clip_moments(network: VideoTokenizer, data: Path, args: argparse.Namespace, seed: int) -> Iterator[Moments]:
     """Moments of each clip drawn from ``seed``, as they come (passes repeat as in the statistics)."""
     encode = fast_encoder(network) if DEVICE == "cuda" else network.encode
     batch: list[torch.Tensor] = []
@@ -114,7 +111,7 @@ def agreement(first: list[Moments], second: list[Moments], n: int) -> dict[str, 
     }
 
 
-def timing(network: CausalVideoTokenizer, data: Path, args: argparse.Namespace, result: dict) -> None:
+def timing(network: VideoTokenizer, data: Path, args: argparse.Namespace, result: dict) -> None:
     """The loader alone, the encoder alone (on clips already on the GPU), then the statistics of ``--clips``."""
     encode = fast_encoder(network) if DEVICE == "cuda" else network.encode
     started, count = time.perf_counter(), 0
@@ -179,7 +176,7 @@ def main() -> None:
     if args.checkpoint:
         network = load_tokenizer(args.checkpoint)
     else:
-        network = CausalVideoTokenizer(get_config(args.model))
+        network = build_tokenizer(args.model)
     network = network.to(DEVICE, DTYPE).eval()
     device = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
     result: dict = {"model": args.model, "weights": args.checkpoint or "random", "device": device}

@@ -43,7 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from tokenizer_posttrain.data.batch import LOSS_MASK, VIDEO
 from tokenizer_posttrain.losses import LossConfig
 from tokenizer_posttrain.losses.perceptual import PerceptualConfig, VGG16Features
-from tokenizer_posttrain.network import CausalVideoTokenizer, build_tokenizer
+from tokenizer_posttrain.network import VideoTokenizer, build_tokenizer
 from tokenizer_posttrain.training import acceleration
 from tokenizer_posttrain.training.config import ModelConfig, OptimConfig
 from tokenizer_posttrain.training.module import TokenizerModel
@@ -186,7 +186,7 @@ class Stepper:
         self.optimizer: torch.optim.Optimizer | None = None
 
     @property
-    def network(self) -> CausalVideoTokenizer:
+    def network(self) -> VideoTokenizer:
         return self.module.network
 
     def forward_backward(self, video_bf16: Tensor, mask: Tensor, autocast: bool = True) -> Tensor:

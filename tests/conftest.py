@@ -25,7 +25,7 @@ from torch.utils.data import dataloader as torch_dataloader
 
 from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
 from tokenizer_posttrain.io.checkpoint import load_tokenizer
-from tokenizer_posttrain.network import CausalVideoTokenizer
+from tokenizer_posttrain.network.cosmos import CausalVideoTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

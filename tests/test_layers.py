@@ -86,7 +86,7 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
 @pytest.mark.parametrize(
     ("module", "source", "flagged"),
     [
-        ("tokenizer_posttrain.network.tokenizer", "from ..training.module import TokenizerModel", True),
+        ("tokenizer_posttrain.network.cosmos.tokenizer", "from ...training.module import TokenizerModel", True),
         ("tokenizer_posttrain.io.export", "def f():\n    from ..losses import build_loss", True),  # beside
         ("tokenizer_posttrain.data.fake", "import tokenizer_posttrain.commands.guard", True),
         ("tokenizer_posttrain.core.files", "from tokenizer_posttrain import load_tokenizer", True),

@@ -12,7 +12,7 @@ from tests.conftest import TINY, reference_weights
 from tests.videos import frames_array
 from tokenizer_posttrain.evaluation import inference
 from tokenizer_posttrain.io.checkpoint import load_tokenizer
-from tokenizer_posttrain.network import CausalVideoTokenizer
+from tokenizer_posttrain.network.cosmos import CausalVideoTokenizer
 
 MODELS = ("CV8x8x8", "DV8x16x16")
 

@@ -157,7 +157,7 @@ def test_every_tokenizer_setting_is_known_and_every_number_bounded() -> None:
     from dataclasses import fields
 
     from tokenizer_posttrain.io.config_json import _KNOWN, INTEGERS, POWERS_OF_TWO
-    from tokenizer_posttrain.network.registry import TokenizerConfig
+    from tokenizer_posttrain.network.cosmos import TokenizerConfig
 
     assert {f.name for f in fields(TokenizerConfig)} == _KNOWN
     numbers = {f.name for f in fields(TokenizerConfig) if f.type in ("int", int)}

@@ -29,9 +29,9 @@ from tokenizer_posttrain.io.diffusers_format import (
     diffusers_names,
     write_diffusers,
 )
-from tokenizer_posttrain.network import CausalVideoTokenizer, build_tokenizer
+from tokenizer_posttrain.network import build_tokenizer, get_config
+from tokenizer_posttrain.network.cosmos import REGISTRY, CausalVideoTokenizer
 from tokenizer_posttrain.network.lora import apply_lora, merge_lora
-from tokenizer_posttrain.network.registry import REGISTRY, get_config
 
 CONTINUOUS = [name for name, cfg in REGISTRY.items() if not cfg.is_discrete]
 ENVIRONMENT = ("`accelerate` was not found",)

@@ -27,8 +27,7 @@ from tokenizer_posttrain.io.formats import (
     unknown_formats,
 )
 from tokenizer_posttrain.io.model_card import model_card
-from tokenizer_posttrain.network import CausalVideoTokenizer
-from tokenizer_posttrain.network.registry import REGISTRY
+from tokenizer_posttrain.network.cosmos import REGISTRY, CausalVideoTokenizer
 
 
 def test_the_table_holds_cosmos_then_diffusers() -> None:

@@ -10,8 +10,7 @@ from safetensors.torch import save_file
 
 from tokenizer_posttrain.core.errors import CheckpointError
 from tokenizer_posttrain.io.layout import describe_config, diff_layout, expected_shapes, load_safetensors
-from tokenizer_posttrain.network import build_tokenizer
-from tokenizer_posttrain.network.registry import get_config
+from tokenizer_posttrain.network import build_tokenizer, get_config
 
 
 def test_expected_shapes_are_the_built_networks() -> None:

@@ -5,7 +5,7 @@ import pytest
 from nemo_run.cli.cli_parser import parse_cli_args
 
 import recipes
-from tokenizer_posttrain.network.registry import resolve_name
+from tokenizer_posttrain.network import resolve_name
 from tokenizer_posttrain.training.config import DataConfig, ModelConfig, TrainerConfig
 from tokenizer_posttrain.training.train import train
 

@@ -19,8 +19,9 @@ from tests.conftest import fit, reference_weights
 from tests.training.conftest import no_vgg
 from tokenizer_posttrain.data.batch import LOSS_MASK, VIDEO
 from tokenizer_posttrain.data.fake import SyntheticVideoDataModule
-from tokenizer_posttrain.network import CausalVideoTokenizer, blocks, build_tokenizer
-from tokenizer_posttrain.network.blocks import (
+from tokenizer_posttrain.network import build_tokenizer
+from tokenizer_posttrain.network.cosmos import CausalVideoTokenizer, blocks
+from tokenizer_posttrain.network.cosmos.blocks import (
     FrameGroupNorm,
     ResnetBlock,
     _repeat_frames,

@@ -13,10 +13,10 @@ from ..evaluation.latent_stats import STATS_CLIPS, LatentStats
 from ..evaluation.report import card_sections, drift_warning, verdict
 from ..io.checkpoint import load_tokenizer, read_checkpoint
 from ..io.export import refuse_non_finite
-from ..io.formats import DEFAULT_FORMAT, FORMATS, ExportFormat, formats_help, formats_metavar, placements
+from ..io.formats import DEFAULT_FORMAT, FORMATS, ExportFormat, check_formats, formats_help, formats_metavar, placements
 from ..io.formats import parse_formats as _parse_formats
 from ..io.model_card import checkpoint_card
-from ..network.tokenizer import CausalVideoTokenizer
+from ..network import VideoTokenizer
 from .guard import run_guarded
 
 
@@ -34,11 +34,11 @@ def run(args: argparse.Namespace) -> int:
     return run_guarded(lambda: _export(args))
 
 
-def _check(network: CausalVideoTokenizer, args: argparse.Namespace, out: Path) -> None:
+def _check(network: VideoTokenizer, args: argparse.Namespace, out: Path) -> None:
     """Every refusal, before anything is written (or the latent statistics are computed)."""
     refuse_non_finite(network, out)
+    check_formats(args.format, network.config)  # ExportError: a format its family lacks, or one that refuses it
     for fmt, subfolder in placements(args.format):
-        fmt.check(network.config)  # ExportError: a network this format cannot hold (diffusers: DV)
         if fmt.needs_stats and not args.latent_stats:
             raise CommandError(f"--format {fmt.name} needs --latent-stats DATA: {fmt.needs_stats}")
         if not subfolder:
@@ -109,7 +109,7 @@ def _carried_stats(checkpoint: Path, out: Path) -> list[Path]:
     return carry_base_stats(model.get("trainable", "all"), model.get("jit_ckpt_pth"), out)
 
 
-def _latent_stats(network: CausalVideoTokenizer, args: argparse.Namespace) -> LatentStats:
+def _latent_stats(network: VideoTokenizer, args: argparse.Namespace) -> LatentStats:
     from ..evaluation.latent_stats import dataset_latent_stats, default_stats_workers
     from ..training.acceleration import fast_encoder
 

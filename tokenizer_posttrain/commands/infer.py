@@ -32,8 +32,7 @@ from ..data.orientation import Orientation, UnsupportedOrientation, frame_orient
 from ..data.probe import index_sizes, is_cut_off
 from ..evaluation import inference
 from ..io.checkpoint import MODEL_FLAG, load_tokenizer
-from ..network import CausalVideoTokenizer
-from ..network.registry import resolve_name
+from ..network import VideoTokenizer, resolve_name
 from .guard import run_guarded
 
 FORMAT = "tokenizer_posttrain.latents/1"
@@ -186,7 +185,7 @@ def load_latents(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 # -- shared options -------------------------------------------------------------------------
 
 
-def _setup(args: argparse.Namespace, encoding: bool) -> tuple[CausalVideoTokenizer, dict[str, object]]:
+def _setup(args: argparse.Namespace, encoding: bool) -> tuple[VideoTokenizer, dict[str, object]]:
     """Load the network and check every option, before any long work; returns (network, kwargs)."""
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():

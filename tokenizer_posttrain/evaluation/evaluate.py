@@ -19,7 +19,7 @@ from ..core.progress import progress
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..io.checkpoint import load_tokenizer
 from ..losses.perceptual import VGG16_FILE, VGG16_URL, PerceptualLoss, find_vgg16_weights
-from ..network import CausalVideoTokenizer
+from ..network import VideoTokenizer
 from .clips import held_out_clips, video_fps
 from .inference import DTYPES
 from .latent_shift import stats_shift
@@ -47,7 +47,7 @@ class _Side:
 
     def __init__(self, checkpoint: str, device: str, dtype: torch.dtype) -> None:
         self.checkpoint = checkpoint
-        self.net: CausalVideoTokenizer = load_tokenizer(checkpoint).to(device, dtype).eval()
+        self.net: VideoTokenizer = load_tokenizer(checkpoint).to(device, dtype).eval()
         self.config = self.net.config
         self.dtype = dtype
         self.per_clip: dict[str, list[float]] = {name: [] for name in PER_CLIP}

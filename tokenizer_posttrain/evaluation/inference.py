@@ -52,14 +52,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..network import CausalVideoTokenizer
+from ..network import VideoTokenizer
 from .media import to_frames
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 """Spellings (command line, NeMo-Run recipes) of the supported compute dtypes."""
 
 
-def default_context(network: CausalVideoTokenizer, window: int) -> int:
+def default_context(network: VideoTokenizer, window: int) -> int:
     """Re-read frames for ``window``: about half of it, as a clip length (17 -> 9, 33 -> 17, 9 -> 1)."""
     tc = network.config.temporal_compression
     return 1 + (window - 1) // 2 // tc * tc if window > 1 else 0
@@ -72,7 +72,7 @@ def _as_int(value: object, name: str) -> int:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
-def _check_window(network: CausalVideoTokenizer, window: int, context: int | None, default: int | None) -> int:
+def _check_window(network: VideoTokenizer, window: int, context: int | None, default: int | None) -> int:
     """Validate ``window`` and ``context``; return the context to use."""
     tc = network.config.temporal_compression
     window, context = _as_int(window, "window"), None if context is None else _as_int(context, "context")
@@ -90,7 +90,7 @@ def _check_window(network: CausalVideoTokenizer, window: int, context: int | Non
 
 
 def check_options(
-    network: CausalVideoTokenizer,
+    network: VideoTokenizer,
     window: int = 17,
     context: int | None = None,
     tile: int | None = None,
@@ -107,7 +107,7 @@ def check_options(
     return context
 
 
-def _check_tile(network: CausalVideoTokenizer, tile: int | None, overlap: int) -> None:
+def _check_tile(network: VideoTokenizer, tile: int | None, overlap: int) -> None:
     sc = network.config.spatial_compression
     if tile is None:
         return
@@ -142,7 +142,7 @@ def _windows(frames: int, window: int, context: int) -> list[tuple[int, int, int
 
 
 @contextmanager
-def _session(network: CausalVideoTokenizer, dtype: torch.dtype, device: str | torch.device) -> Iterator[torch.device]:
+def _session(network: VideoTokenizer, dtype: torch.dtype, device: str | torch.device) -> Iterator[torch.device]:
     """Eval mode on ``device``, no autograd, bf16 autocast over fp32 weights when asked."""
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
@@ -214,7 +214,7 @@ def _tiled(
 
 
 def reconstruct(
-    network: CausalVideoTokenizer,
+    network: VideoTokenizer,
     video: Tensor,
     window: int = 17,
     context: int | None = None,
@@ -252,7 +252,7 @@ def reconstruct(
 
 
 def encode(
-    network: CausalVideoTokenizer,
+    network: VideoTokenizer,
     video: Tensor,
     window: int = 17,
     context: int | None = None,
@@ -281,14 +281,15 @@ def encode(
 
     def pre_quant(x: Tensor) -> Tensor:
         network.check_video(x)
-        return network.quant_conv(network.encoder(x))
+        return network.encoder_output(x)
 
     rows = []
     with _session(network, dtype, device) as dev:
         for start, stop, _ in _windows(frames, window, context):
             x = _to_network(video[start:stop], dev, window, _round_up(height, sc), _round_up(width, sc))
             z = _tiled(pre_quant, x, tile, tile_overlap, sc, 1.0 / sc)
-            rows.append(network.quantizer(z)[0] if cfg.is_discrete else z.to(dtype))
+            tokens = network.encoding_of(z).tokens
+            rows.append(tokens if cfg.is_discrete else tokens.to(dtype))
             if on_window is not None:
                 on_window(stop)
     stacked = torch.cat(rows).cpu()
@@ -297,7 +298,7 @@ def encode(
 
 
 def decode(
-    network: CausalVideoTokenizer,
+    network: VideoTokenizer,
     encoded: dict[str, Tensor],
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
@@ -336,7 +337,7 @@ def decode(
     with _session(network, dtype, device) as dev:
         for row, (start, stop, drop) in zip(rows, spans, strict=True):
             row = row.unsqueeze(0).to(dev)
-            z = network.quantizer.indices_to_codes(row) if cfg.is_discrete else row.float()
+            z = network.indices_to_latent(row) if cfg.is_discrete else row.float()
             y = _tiled(network.decode, z, tile_latent, tile_overlap // sc, 1, float(sc))
             out[start + drop : stop] = to_frames(y[:, :, drop : stop - start, :height, :width])
             if on_window is not None:

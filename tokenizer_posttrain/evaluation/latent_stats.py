@@ -24,10 +24,10 @@ from ..core.files import atomic_path
 from ..core.progress import progress as progress_report
 from ..core.untrusted import load_torch_file
 from ..io.export import CHUNK_FRAMES
-from ..network.tokenizer import CausalVideoTokenizer
+from ..network import VideoTokenizer
 from .clips import open_clips
 
-Accelerate = Callable[[CausalVideoTokenizer], Callable[[Tensor], Tensor]]
+Accelerate = Callable[[VideoTokenizer], Callable[[Tensor], Tensor]]
 """Turns a network into a faster ``encode`` (training.acceleration's :func:`fast_encoder`, handed down by the
 commands: this layer sits below it)."""
 
@@ -127,7 +127,7 @@ class LatentStats:
 
 @torch.no_grad()
 def latent_statistics(
-    network: CausalVideoTokenizer,
+    network: VideoTokenizer,
     clips: Iterable[Tensor],
     max_clips: int,
     device: str = "cpu",
@@ -194,7 +194,7 @@ def default_stats_workers() -> int:
 
 
 def dataset_latent_stats(
-    network: CausalVideoTokenizer,
+    network: VideoTokenizer,
     data: str | Path,
     clips: int,
     size: int,

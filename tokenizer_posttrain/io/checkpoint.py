@@ -20,8 +20,8 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from ..core.errors import CheckpointError
 from ..core.untrusted import load_torch_file, special_file
-from ..network import CausalVideoTokenizer
-from ..network.registry import REGISTRY, TokenizerConfig, get_config
+from ..network import FAMILIES, VideoTokenizer, build_network, config_from_dict, get_config
+from ..network.family import FAMILY_KEY, NetworkConfig
 from .config_json import read_config_json, shown, tokenizer_settings
 from .diffusers_format import DIFFUSERS_WEIGHTS, diffusers_class, read_diffusers
 from .jit_archive import read_jit_state
@@ -394,15 +394,32 @@ def _fold_lora(state: dict[str, Tensor], scale: float, path: Path) -> None:
         state[f"{base}.weight"] = (weight.float() + scale * delta).to(weight.dtype)
 
 
-def _config_from_dict(data: Any, where: Path) -> TokenizerConfig | None:
+def _config_from_dict(data: Any, where: Path) -> NetworkConfig | None:
     if data is None:
         return None
-    # Each field checked for type and range first: the layout is built from them before the weights are compared.
-    settings = tokenizer_settings(data, CONFIG_KEY, where)
     try:
-        return TokenizerConfig(**settings)
-    except ValueError as err:  # fields each in range that do not fit together
+        if isinstance(data, dict) and data.get(FAMILY_KEY) is not None:
+            # A family after the first records its name; its config type checks its own fields.
+            return config_from_dict(data)
+        # Each field checked for type and range first: the layout is built from them before the weights are
+        # compared.
+        return config_from_dict(tokenizer_settings(data, CONFIG_KEY, where))
+    except CheckpointError:
+        raise
+    except (TypeError, ValueError) as err:  # fields each in range that do not fit together
         raise CheckpointError(f"{where}: invalid {CONFIG_KEY}: {err}") from err
+
+
+def _family_format(path: Path, ema: bool) -> Weights | None:
+    """The weights of ``path`` when a family's own reader recognises it (a format of that family alone, such as
+    a ``.pth`` state dict), else None."""
+    for family in FAMILIES.values():
+        state = family.reader(path) if family.reader is not None else None
+        if state is not None:
+            if ema:
+                raise CheckpointError(f"{path}: EMA weights exist only in training checkpoints (.ckpt)")
+            return Weights(state, str(path))
+    return None
 
 
 def read_weights(path: str | Path, ema: bool = False) -> Weights:
@@ -412,6 +429,9 @@ def read_weights(path: str | Path, ema: bool = False) -> Weights:
     ``ema`` picks the EMA average of a Lightning checkpoint (an error for other sources)."""
     path = Path(path).expanduser()
     if path.is_dir():
+        own = _family_format(path, ema)
+        if own is not None:
+            return own
         if diffusers_class(path):  # our own exports' config.json has no _class_name
             return read_diffusers(path)
         for name in (JIT_AUTOENCODER, JIT_ENCODER, JIT_DECODER, SAFETENSORS):
@@ -442,6 +462,9 @@ def read_weights(path: str | Path, ema: bool = False) -> Weights:
     special = special_file(path)
     if special is not None:  # a FIFO would block the read until someone writes to it
         raise CheckpointError(f"{path} is {special}, not a weights file; pass the weights file itself")
+    own = _family_format(path, ema)
+    if own is not None:
+        return own
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         return _read_safetensors(path)
@@ -461,24 +484,17 @@ def read_weights(path: str | Path, ema: bool = False) -> Weights:
 # -- identifying which model a state_dict belongs to ---------------------------------------
 
 
-def _inferred_width(state: dict[str, Tensor], config: TokenizerConfig) -> int | None:
-    if "encoder.conv_in.0.conv3d.weight" in state:
-        return int(state["encoder.conv_in.0.conv3d.weight"].shape[0])
-    if "decoder.norm_out.norm.weight" in state:
-        return int(state["decoder.norm_out.norm.weight"].shape[0]) // config.channels_mult[0]
-    return None
-
-
-def identify(state: dict[str, Tensor]) -> list[tuple[TokenizerConfig, LayoutDiff]]:
-    """Every registered model (at the width found in ``state``), closest layout first."""
+def identify(state: dict[str, Tensor]) -> list[tuple[NetworkConfig, LayoutDiff]]:
+    """Every registered model of every family (at the width found in ``state``), closest layout first."""
     results = []
-    for base in REGISTRY.values():
-        width = _inferred_width(state, base)
-        try:
-            cfg = base.replace(channels=width) if width and width != base.channels else base
-        except ValueError:
-            continue
-        results.append((cfg, diff_layout(state, expected_shapes(cfg))))
+    for family in FAMILIES.values():
+        for base in family.configs.values():
+            width = family.width_of(state, base)
+            try:
+                cfg = base.replace(channels=width) if width and width != base.channels else base
+            except ValueError:
+                continue
+            results.append((cfg, diff_layout(state, expected_shapes(cfg))))
     return sorted(results, key=lambda item: item[1].size)
 
 
@@ -493,7 +509,7 @@ class ModelSettingNames:
     """The width setting with a ``{}``, e.g. ``model.channels={}``; None where there is none (the width is then
     read from the checkpoint when the model setting is left out)."""
 
-    def fix(self, found: TokenizerConfig, asked: TokenizerConfig) -> str:
+    def fix(self, found: NetworkConfig, asked: NetworkConfig) -> str:
         """What to set so that a request for ``asked`` loads the checkpoint of ``found``."""
         if self.channels is not None:
             changes = [self.model.format(found.full_name)] if found.name != asked.name else []
@@ -512,7 +528,7 @@ MODEL_FLAG = ModelSettingNames("--model {}", None)
 """The ``--model`` flag of reconstruct, encode, decode and posttrain (no width flag: they infer it)."""
 
 
-def _fix(found: TokenizerConfig, asked: TokenizerConfig, names: ModelSettingNames | None) -> str:
+def _fix(found: NetworkConfig, asked: NetworkConfig, names: ModelSettingNames | None) -> str:
     if names is not None:
         return names.fix(found, asked)
     # A caller that did not say how its user sets the model: both spellings.
@@ -527,7 +543,7 @@ def resolve_config(
     name: str | None,
     overrides: dict[str, Any],
     setting_names: ModelSettingNames | None = None,
-) -> TokenizerConfig:
+) -> NetworkConfig:
     """The config to build for ``weights``: asked for by name, stored with them, or inferred.
 
     ``setting_names``: how the caller's user sets the model, named in the fix when the weights do not fit."""
@@ -564,7 +580,7 @@ def load_tokenizer(
     ema: bool = False,
     setting_names: ModelSettingNames | None = None,
     **config_overrides: Any,
-) -> CausalVideoTokenizer:
+) -> VideoTokenizer:
     """Build a tokenizer and load its weights strictly from ``path``.
 
     ``path`` is a Hugging Face style folder (``autoencoder.jit``, or ``encoder.jit`` +
@@ -578,6 +594,6 @@ def load_tokenizer(
     """
     weights = read_weights(path, ema)
     config = resolve_config(weights, name, config_overrides, setting_names)
-    network = CausalVideoTokenizer(config)
+    network = build_network(config)
     network.load_state_dict(weights.state, strict=True)
     return network

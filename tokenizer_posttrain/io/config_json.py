@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.errors import CheckpointError
 from ..core.untrusted import read_regular_file, why_unreadable
-from ..network.registry import REGISTRY
+from ..network.cosmos import REGISTRY
 
 MAX_CONFIG_BYTES = 16 * 2**20
 """Largest config.json read: ours hold under 1 KiB, diffusers' (with the latent statistics) about 10 KiB."""
@@ -50,7 +50,7 @@ INTEGERS: dict[str, tuple[int, int]] = {
     "z_factor": (1, 4),
     "latent_channels": (1, MAX_LATENT),
 }
-"""Integer fields of :class:`~tokenizer_posttrain.network.registry.TokenizerConfig`: (lowest, highest)."""
+"""Integer fields of :class:`~tokenizer_posttrain.network.cosmos.TokenizerConfig`: (lowest, highest)."""
 _REQUIRED = ("name", "kind", "temporal_compression", "spatial_compression")
 _KNOWN = {*_REQUIRED, *POWERS_OF_TWO, *INTEGERS, "channels_mult", "levels", "legacy_mode", "dropout"}
 
@@ -123,7 +123,7 @@ def read_config_json(path: Path, fix: str) -> dict[str, Any]:
 
 
 def tokenizer_settings(data: Any, key: str, where: Path) -> dict[str, Any]:
-    """The keyword arguments of :class:`~tokenizer_posttrain.network.registry.TokenizerConfig` in ``data``, the
+    """The keyword arguments of :class:`~tokenizer_posttrain.network.cosmos.TokenizerConfig` in ``data``, the
     entry ``key`` of ``where``, every field checked for type and range (lists become tuples). Anything else (not a
     mapping, an unknown or a missing field, a value out of range) is a one-line :class:`CheckpointError` naming
     the file, the field, the value and the range."""

@@ -23,9 +23,9 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from ..core.errors import CheckpointError, ExportError
-from ..network import CausalVideoTokenizer
-from ..network.haar import Patcher3D, UnPatcher3D
-from ..network.registry import REGISTRY, TokenizerConfig
+from ..network import VideoTokenizer
+from ..network.cosmos import REGISTRY, TokenizerConfig
+from ..network.cosmos.haar import Patcher3D, UnPatcher3D
 from .config_json import (
     INTEGERS,
     MAX_LEVELS,
@@ -313,7 +313,7 @@ def _latents(stats: LatentMoments | None, config: TokenizerConfig, out: Path) ->
 
 
 def write_diffusers(
-    network: CausalVideoTokenizer,
+    network: VideoTokenizer,
     out_dir: str | Path,
     stats: LatentMoments | None,
     dtype: torch.dtype = torch.float32,

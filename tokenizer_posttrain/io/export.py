@@ -20,7 +20,7 @@ from torch import nn
 
 from ..core.errors import ExportError
 from ..core.files import atomic_path
-from ..network import AutoencoderLayout, CausalVideoTokenizer, DecoderLayout, EncoderLayout
+from ..network import VideoTokenizer, family_of
 from ..network.lora import merge_lora
 from .layout import CONFIG_JSON, CONFIG_KEY, JIT_AUTOENCODER, JIT_DECODER, JIT_ENCODER, SAFETENSORS
 
@@ -41,7 +41,7 @@ def _trace(module: nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
         return torch.jit.trace(module, example, check_trace=False)
 
 
-def refuse_non_finite(network: CausalVideoTokenizer, out_dir: str | Path) -> None:
+def refuse_non_finite(network: VideoTokenizer, out_dir: str | Path) -> None:
     """:class:`ExportError` (naming ``out_dir`` and the first such tensor) when ``network`` has NaN or Inf weights."""
     state = network.state_dict()
     broken = [name for name, value in state.items() if value.is_floating_point() and not value.isfinite().all()]
@@ -53,7 +53,7 @@ def refuse_non_finite(network: CausalVideoTokenizer, out_dir: str | Path) -> Non
         )
 
 
-def prepared_copy(network: CausalVideoTokenizer, out_dir: str | Path, dtype: torch.dtype) -> CausalVideoTokenizer:
+def prepared_copy(network: VideoTokenizer, out_dir: str | Path, dtype: torch.dtype) -> VideoTokenizer:
     """What every export format writes: a copy of ``network`` on the CPU in eval mode, cast to ``dtype``, LoRA
     adapters merged; ``network`` itself is left as it was. Non-finite weights are refused (:func:`refuse_non_finite`)
     before anything is written."""
@@ -64,7 +64,7 @@ def prepared_copy(network: CausalVideoTokenizer, out_dir: str | Path, dtype: tor
 
 
 def export_tokenizer(
-    network: CausalVideoTokenizer,
+    network: VideoTokenizer,
     out_dir: str | Path,
     dtype: torch.dtype = torch.float32,
 ) -> Path:
@@ -85,11 +85,15 @@ def export_tokenizer(
     with torch.no_grad():
         latent_example = net.encoding(video).tokens  # DV: indices, which is what decoder.jit takes
 
+    family = family_of(cfg)
+    if family.official_modules is None:
+        raise ExportError(f"not exporting to {out}: the {family.name} family has no official traced files")
+    modules = family.official_modules(net)
     with torch.no_grad():
         for name, layout, example in (
-            (JIT_ENCODER, EncoderLayout(net), video),
-            (JIT_DECODER, DecoderLayout(net), latent_example),
-            (JIT_AUTOENCODER, AutoencoderLayout(net), video),
+            (JIT_ENCODER, modules["encoder"], video),
+            (JIT_DECODER, modules["decoder"], latent_example),
+            (JIT_AUTOENCODER, modules["autoencoder"], video),
         ):
             traced = _trace(layout, example)
             with warnings.catch_warnings():

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-from ..network import CausalVideoTokenizer
-from ..network.registry import TokenizerConfig
+from ..core.errors import ExportError
+from ..network import VideoTokenizer, family_of
+from ..network.family import NetworkConfig
 from .checkpoint import load_tokenizer
 from .diffusers_format import (
     DIFFUSERS_CLASS,
@@ -29,12 +30,12 @@ from .diffusers_format import (
 from .export import export_tokenizer
 from .layout import CONFIG_JSON, JIT_AUTOENCODER, JIT_DECODER, JIT_ENCODER, SAFETENSORS
 
-Writer = Callable[[CausalVideoTokenizer, Path, LatentMoments | None, torch.dtype], list[str]]
+Writer = Callable[[VideoTokenizer, Path, LatentMoments | None, torch.dtype], list[str]]
 """``write(network, folder, stats, dtype)``: writes the format into ``folder``; the files written, relative to
 ``folder`` (as the export's closing line names them)."""
 
 
-def _accepts_any(config: TokenizerConfig) -> None:
+def _accepts_any(config: NetworkConfig) -> None:
     """The check of a format that holds every network."""
 
 
@@ -57,10 +58,13 @@ class ExportFormat:
     """See :data:`Writer`."""
     found_in: Callable[[Path], bool]
     """Whether a folder already holds one (an export must not overwrite it with another format's files)."""
-    check: Callable[[TokenizerConfig], None] = _accepts_any
+    families: tuple[str, ...] = ()
+    """The tokenizer families (:class:`~..network.TokenizerFamily` names) whose networks it holds; empty: any
+    family (a format that stores only the state dict and the config)."""
+    check: Callable[[NetworkConfig], None] = _accepts_any
     """Refuses, with an :class:`~..core.errors.ExportError` in one line, a network this format cannot hold
     (diffusers: a discrete tokenizer); called before any work."""
-    read_back: Callable[[Path], CausalVideoTokenizer] = load_tokenizer
+    read_back: Callable[[Path], VideoTokenizer] = load_tokenizer
     """Loads a folder of it again, strictly (what a test or a check after writing compares with)."""
     subfolder: str = ""
     """Where it goes inside the export folder when another format holds that folder (``""``: beside it)."""
@@ -69,10 +73,12 @@ class ExportFormat:
     stats_beside: bool = False
     """Whether the latent statistics files (``mean_std.pt``, ``image_mean_std.pt``) go beside its files."""
 
+    def holds(self, family: str) -> bool:
+        """Whether networks of tokenizer family ``family`` can be written in this format."""
+        return not self.families or family in self.families
 
-def _write_cosmos(
-    network: CausalVideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype
-) -> list[str]:
+
+def _write_cosmos(network: VideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype) -> list[str]:
     # The statistics files are the caller's (stats_beside): a run may copy its base's instead.
     export_tokenizer(network, folder, dtype=dtype)
     return list(_COSMOS_FILES)
@@ -87,7 +93,7 @@ def _cosmos_card(subfolder: str) -> str:
 
 
 def _write_diffusers(
-    network: CausalVideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype
+    network: VideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype
 ) -> list[str]:
     write_diffusers(network, folder, stats, dtype=dtype)
     return [f"{CONFIG_JSON} ({DIFFUSERS_CLASS}, latents_mean/latents_std)", DIFFUSERS_WEIGHTS]
@@ -102,7 +108,7 @@ def _diffusers_card(subfolder: str) -> str:
     )
 
 
-def _check_diffusers(config: TokenizerConfig) -> None:
+def _check_diffusers(config: NetworkConfig) -> None:
     diffusers_config(config)  # ExportError: DV, or another network diffusers cannot build
 
 
@@ -116,6 +122,7 @@ COSMOS = ExportFormat(
     card=_cosmos_card,
     write=_write_cosmos,
     found_in=lambda folder: (folder / JIT_AUTOENCODER).is_file(),
+    families=("cosmos",),
     stats_beside=True,
 )
 DIFFUSERS = ExportFormat(
@@ -130,6 +137,7 @@ DIFFUSERS = ExportFormat(
     # diffusers_class raises for a diffusers folder whose config.json is damaged: never overwritten unseen.
     found_in=lambda folder: bool(diffusers_class(folder)),
     check=_check_diffusers,
+    families=("cosmos",),
     subfolder=PIPELINE_SUBFOLDER,
     needs_stats="diffusers' Cosmos pipelines normalize latents with the latents_mean/latents_std of the vae's "
     "config.json, which come from the latent statistics",
@@ -179,11 +187,18 @@ def parse_formats(value: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(name for name in FORMATS if name in names)
 
 
-def check_formats(names: Iterable[str], config: TokenizerConfig) -> None:
+def check_formats(names: Iterable[str], config: NetworkConfig) -> None:
     """Refuse (:class:`~..core.errors.ExportError`, from the first format that does) a network of ``config``
-    that one of the formats ``names`` cannot hold: before any work, so that nothing trains for an export that
-    would fail."""
+    that one of the formats ``names`` cannot hold (one its family does not offer, or one whose check refuses
+    it): before any work, so that nothing trains for an export that would fail."""
+    family = family_of(config).name
     for name in parse_formats(names):
+        if not FORMATS[name].holds(family):
+            offered = [fmt.name for fmt in FORMATS.values() if fmt.holds(family)]
+            raise ExportError(
+                f"--format {name}: a {config.full_name} network cannot be written as a {FORMATS[name].what}; "
+                f"its family ({family}) exports {' or '.join(offered) or 'no format yet'}"
+            )
         FORMATS[name].check(config)
 
 
@@ -210,3 +225,20 @@ def formats_help() -> str:
         if fmt.name != DEFAULT_FORMAT and fmt.subfolder
     ]
     return "; ".join(parts)
+
+
+def native_format(config: NetworkConfig) -> ExportFormat:
+    """What a run's ``export/`` folder holds: the first format made for ``config``'s family (Cosmos: the official
+    ``.jit`` layout), else the first that holds any family."""
+    family = family_of(config).name
+    own = [fmt for fmt in FORMATS.values() if family in fmt.families]
+    anyone = [fmt for fmt in FORMATS.values() if not fmt.families]
+    if not own and not anyone:
+        raise ExportError(f"no export format holds a {config.full_name} network (family {family})")
+    return (own or anyone)[0]
+
+
+def write_native(network: VideoTokenizer, folder: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """Write ``network`` into ``folder`` in its :func:`native_format` (without latent statistics); ``folder``."""
+    native_format(network.config).write(network, folder, None, dtype)
+    return folder

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from ..core.errors import CheckpointError
-from ..network import CausalVideoTokenizer
-from ..network.registry import REGISTRY, TokenizerConfig
+from ..network import build_network, family_of
+from ..network.family import NetworkConfig
 
 JIT_AUTOENCODER = "autoencoder.jit"
 JIT_ENCODER = "encoder.jit"
@@ -31,7 +31,7 @@ class Weights:
 
     state: dict[str, Tensor]
     source: str
-    config: TokenizerConfig | None = None
+    config: NetworkConfig | None = None
 
 
 def load_safetensors(path: Path) -> dict[str, Tensor]:
@@ -46,17 +46,17 @@ def load_safetensors(path: Path) -> dict[str, Tensor]:
         raise CheckpointError(f"cannot read {path}: {err}. The file looks truncated or corrupt.") from err
 
 
-def expected_shapes(config: TokenizerConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(config: NetworkConfig) -> dict[str, tuple[int, ...]]:
     """Key -> shape of the autoencoder layout of ``config`` (built on the meta device, once per config)."""
     return dict(_layout(config))
 
 
 @lru_cache(maxsize=256)
-def _layout(config: TokenizerConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
+def _layout(config: NetworkConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
     # Every load compares the weights with each registered model's layout: building those networks, even on the
     # meta device, took ~0.6 s a load, and a workflow loads the same few models again and again.
     with torch.device("meta"):
-        net = CausalVideoTokenizer(config)
+        net = build_network(config)
     return tuple((k, tuple(v.shape)) for k, v in net.state_dict().items())
 
 
@@ -92,7 +92,7 @@ def diff_layout(state: dict[str, Tensor], expected: dict[str, tuple[int, ...]]) 
     )
 
 
-def describe_config(cfg: TokenizerConfig) -> str:
+def describe_config(cfg: NetworkConfig) -> str:
     """The model name, with its width where it is not the registered one."""
-    base = REGISTRY[cfg.name]
+    base = family_of(cfg).configs[cfg.name]
     return cfg.name + (f" (channels={cfg.channels})" if cfg.channels != base.channels else "")

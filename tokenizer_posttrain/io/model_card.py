@@ -18,10 +18,10 @@ def _files(formats: tuple[str, ...]) -> list[str]:
 def card_title(model: str, channels: int | None) -> str:
     """The card's heading: the model's name, and where its width is not the released model's (a test-size
     model), the architecture and width instead, so that a width-16 model is not taken for the released one."""
-    from ..network.registry import REGISTRY, resolve_name
+    from ..network import get_config
 
     try:
-        released = REGISTRY[resolve_name(model)]
+        released = get_config(model)
     except ValueError:  # a name outside the registry: nothing to compare the width with
         return f"{model} (post-trained)"
     if channels is None or channels == released.channels:

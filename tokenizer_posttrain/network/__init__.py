@@ -1,14 +1,36 @@
-"""Layer 1, the networks: the clean-room Cosmos causal video tokenizers, built from the registry's typed configs
-(:mod:`.registry`), their official checkpoint layouts, and LoRA adapters on their convolutions. Nothing here
-knows about training, files or data."""
+"""Layer 1, the networks: the tokenizer-family seam (:mod:`.family`), each family in its own folder
+(:mod:`.cosmos`), LoRA adapters on any family's convolutions and the segment switches the training's speed
+settings steer. Nothing here knows about training, files or data."""
 
-from .tokenizer import (
-    AutoencoderLayout,
-    CausalVideoTokenizer,
-    DecoderLayout,
-    EncoderLayout,
+from . import cosmos  # noqa: F401  (registers the Cosmos family)
+from .family import (
+    FAMILIES,
     Encoding,
+    TokenizerFamily,
+    VideoTokenizer,
+    build_network,
     build_tokenizer,
+    config_from_dict,
+    family_of,
+    get_config,
+    known_names,
+    register_family,
+    resolve,
+    resolve_name,
 )
 
-__all__ = ["AutoencoderLayout", "CausalVideoTokenizer", "DecoderLayout", "EncoderLayout", "Encoding", "build_tokenizer"]
+__all__ = [
+    "FAMILIES",
+    "Encoding",
+    "TokenizerFamily",
+    "VideoTokenizer",
+    "build_network",
+    "build_tokenizer",
+    "config_from_dict",
+    "family_of",
+    "get_config",
+    "known_names",
+    "register_family",
+    "resolve",
+    "resolve_name",
+]

@@ -80,7 +80,7 @@ class ModelConfig:
     """What to train."""
 
     model: str = "Cosmos-1.0-Tokenizer-CV8x8x8"
-    """Model name: any name of the registry (tokenizer_posttrain.network.registry: Cosmos-1.0-Tokenizer-CV8x8x8,
+    """Model name: any name of a family in tokenizer_posttrain.network (Cosmos: Cosmos-1.0-Tokenizer-CV8x8x8,
     -CV8x16x16, -CV4x8x8, -CV4x8x8-LowRes, -DV8x16x16, -DV8x8x8, -DV4x8x8, -DV4x8x8-LowRes); the Cosmos-0.1-
     prefix and the short names (CV8x8x8) work too."""
     jit_ckpt_pth: Optional[str] = None
@@ -126,7 +126,7 @@ class ModelConfig:
         return self.cuda_graphs and self.compile and self.compile_scope == "step"
 
     def __post_init__(self) -> None:
-        from ..network.registry import resolve_name
+        from ..network import resolve_name
 
         resolve_name(self.model)
         _require(self.trainable in _TRAINABLE, "model.trainable", self.trainable, f"use one of {', '.join(_TRAINABLE)}")

@@ -21,7 +21,7 @@ from ..io.checkpoint import CONFIG_KEY, TRAIN_OVERRIDES, load_tokenizer
 from ..losses import Loss, LossConfig, build_loss
 from ..losses.consistency import ConsistencyWindows
 from ..losses.gan import gradient_ratio
-from ..network import CausalVideoTokenizer, build_tokenizer
+from ..network import VideoTokenizer, build_tokenizer
 from .acceleration import StepAcceleration
 from .adversarial import CHECKPOINT_KEY as ADVERSARIAL_KEY
 from .adversarial import AdversarialStage
@@ -33,8 +33,6 @@ from .trainable import configure_trainable
 
 RECONSTRUCTION = "reconstruction"
 """The step's output key for the reconstruction, present only with loss.gan on (it is no loss term)."""
-TAIL_PREFIX = "decoder.conv_out.1."
-"""Parameters of the decoder's last layer, which ``decoder.tail`` applies."""
 
 
 class TokenizerModel(pl.LightningModule):
@@ -70,8 +68,10 @@ class TokenizerModel(pl.LightningModule):
         last = self._gan_last_layer
         self._tail_splits = (
             last is not None
-            and last.startswith(TAIL_PREFIX)
-            and not any(isinstance(m, _DropoutNd) and m.p > 0 for m in self.network.decoder.conv_out[1].modules())
+            and last.startswith(self.network.head + ".")
+            and not any(
+                isinstance(m, _DropoutNd) and m.p > 0 for m in self.network.get_submodule(self.network.head).modules()
+            )
         )
         whole = last is not None and (self.loss_config.consistency.ever_on or not self._tail_splits)
         if whole and self.model_config.replays_cuda_graphs:
@@ -121,7 +121,7 @@ class TokenizerModel(pl.LightningModule):
     def _input(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         # Loaders give bf16; feeding the parameters' dtype lets autocast choose conv precision
         # and keeps bf16-true and fp32 runs consistent.
-        dtype = self.network.post_quant_conv.conv3d.weight.dtype
+        dtype = self.network.dtype
         return batch[VIDEO].to(dtype), batch[LOSS_MASK]
 
     def reconstruct(self, video: Tensor) -> Tensor:
@@ -236,7 +236,7 @@ class TokenizerModel(pl.LightningModule):
         if stage.adaptive_due(step, split=True):
             last = self.network.get_parameter(self._gan_last_layer)
             with torch.enable_grad(), torch.autocast(video.device.type, enabled=False):
-                tail = self.network.decoder.tail(head_input.detach().to(last.dtype))  # fp32 masters: fp32
+                tail = self.network.apply_head(head_input.detach().to(last.dtype))  # fp32 masters: fp32
             (rec_w,) = torch.autograd.grad(tail, last, rec_grad, retain_graph=True)
             (gan_w,) = torch.autograd.grad(tail, last, gan_grad)
             stage.adaptive_computed(gradient_ratio(rec_w, gan_w, stage.config.adaptive_max), step)
@@ -337,21 +337,22 @@ class TokenizerModel(pl.LightningModule):
             self.adversarial.load_state_dict(checkpoint[ADVERSARIAL_KEY])
 
 
-def gan_last_layer(network: CausalVideoTokenizer) -> str:
+def gan_last_layer(network: VideoTokenizer) -> str:
     """The name of the decoder's last convolution weight: where loss.gan's adaptive weight compares gradients."""
     # The last trained weight there: the conv's own, or a LoRA adapter's when LoRA targets it.
-    last = [n for n, p in network.named_parameters() if n.startswith("decoder.conv_out.") and n.endswith("weight")]
+    prefix = network.last_layer + "."
+    last = [n for n, p in network.named_parameters() if n.startswith(prefix) and n.endswith("weight")]
     trained = [n for n in last if network.get_parameter(n).requires_grad]
     if not trained:
         raise ValueError(
-            "loss.gan.adaptive compares gradients at the decoder's last layer (decoder.conv_out), which does not "
+            f"loss.gan.adaptive compares gradients at the decoder's last layer ({network.last_layer}), which does not "
             "train in this run (model.trainable or the LoRA targets freeze it); train it, or set "
             "loss.gan.adaptive=false for a fixed generator weight"
         )
     return trained[-1]
 
 
-def build_network(cfg: ModelConfig) -> CausalVideoTokenizer:
+def build_network(cfg: ModelConfig) -> VideoTokenizer:
     """The network to post-train: ``model.jit_ckpt_pth`` loaded strictly, else random weights (warned)."""
     overrides = {"channels": cfg.channels} if cfg.channels else {}
     if cfg.jit_ckpt_pth is None:

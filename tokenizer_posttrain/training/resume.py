@@ -13,7 +13,7 @@ from typing import Any
 from ..core.errors import CheckpointError, UserError
 from ..core.untrusted import special_file
 from ..io.checkpoint import read_checkpoint
-from ..network.registry import resolve_name
+from ..network import resolve_name
 from .config import DataConfig, LossConfig, ModelConfig, ResumeConfig
 
 LAST_CKPT = "last.ckpt"

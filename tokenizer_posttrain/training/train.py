@@ -20,8 +20,7 @@ from ..data.batch import PREFETCH
 from ..data.fake import SyntheticVideoDataModule, synthetic_clip
 from ..losses.loss import build_loss
 from ..losses.terms import Clips
-from ..network.registry import get_config
-from ..network.tokenizer import CausalVideoTokenizer
+from ..network import VideoTokenizer, get_config
 from .acceleration import ddp_strategy, resolve_compile, tensor_core_matmuls
 from .checkpointing import (
     AtomicCheckpointIO,
@@ -260,7 +259,7 @@ def default_stats_clips(log: LogConfig) -> int:
 
 
 def export_latent_stats(
-    network: CausalVideoTokenizer,
+    network: VideoTokenizer,
     model: ModelConfig,
     data: DataConfig,
     log: LogConfig,
@@ -685,9 +684,9 @@ def _train(
             export_dir = None
             notes: list[str] = []
             if log.export_on_end:
-                from ..io.export import export_tokenizer
+                from ..io.formats import write_native
 
-                export_dir = export_tokenizer(module.network, run_dir / "export")
+                export_dir = write_native(module.network, run_dir / "export")
                 if not module.network.is_discrete:
                     notes.append(export_latent_stats(module.network, model, data, log, export_dir, ckpt_dir))
             if compile_cache is not None:

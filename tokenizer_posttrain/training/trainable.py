@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from torch import nn
-
+from ..network import VideoTokenizer
 from ..network.lora import apply_lora
 from .config import LoRAConfig
 
-# Which top-level children belong to each side; decoder-only keeps the latent space fixed.
-SIDES = {"encoder": ("encoder.", "quant_conv."), "decoder": ("decoder.", "post_quant_conv.")}
 
-
-def configure_trainable(network: nn.Module, trainable: str, lora: LoRAConfig) -> list[str]:
+def configure_trainable(network: VideoTokenizer, trainable: str, lora: LoRAConfig) -> list[str]:
     """Freeze what does not train; with ``lora.rank > 0`` add adapters (and train only them).
 
     Returns the names of the parameters that train.
@@ -20,7 +16,7 @@ def configure_trainable(network: nn.Module, trainable: str, lora: LoRAConfig) ->
         apply_lora(network, lora.rank, lora.alpha, lora.dropout, lora.targets)  # freezes every base weight
     if trainable != "all":
         for name, param in network.named_parameters():
-            if not name.startswith(SIDES[trainable]):
+            if not name.startswith(network.sides[trainable]):
                 param.requires_grad_(False)
     names = [n for n, p in network.named_parameters() if p.requires_grad]
     if not names:

@@ -41,7 +41,7 @@ from ..evaluation.report import (
 )
 from ..io.checkpoint import MODEL_FLAG, load_tokenizer, read_weights, resolve_config
 from ..io.diffusers_format import normalizes
-from ..io.export import CHUNK_FRAMES, export_tokenizer
+from ..io.export import CHUNK_FRAMES
 from ..io.formats import (
     DEFAULT_FORMAT,
     FORMATS,
@@ -50,11 +50,12 @@ from ..io.formats import (
     parse_formats,
     placements,
     unknown_formats,
+    write_native,
 )
 from ..io.model_card import checkpoint_card
 from ..losses.gan import GANConfig
 from ..losses.perceptual import find_vgg16_weights
-from ..network.registry import TokenizerConfig
+from ..network.family import NetworkConfig
 from ..training.acceleration import fast_encoder
 from ..training.config import OptimConfig, ResumeConfig
 from ..training.run_config import (
@@ -255,7 +256,7 @@ def _train_variant(
         raise UserError(in_posttrain_terms(str(err))) from None
     if done is None:
         raise CheckpointError(f"the training run in {Path(run_dir) / name} left no checkpoint in {ckpt_dir}")
-    return export_tokenizer(load_tokenizer(done), Path(run_dir) / name / "export")
+    return write_native(load_tokenizer(done), Path(run_dir) / name / "export")
 
 
 def posttrain(
@@ -504,7 +505,7 @@ def _verdict_hint(clips: int) -> str:
     return "more held-out clips narrow the spread (--eval-clips, --val-fraction); more --steps may move PSNR further"
 
 
-def check_base_stats(config: TokenizerConfig, base: str, compared: bool, diffusers: bool) -> None:
+def check_base_stats(config: NetworkConfig, base: str, compared: bool, diffusers: bool) -> None:
     """Refuse, in one line and before any work, the base's latent statistics (``mean_std.pt``,
     ``image_mean_std.pt`` beside ``base``) that the workflow would refuse only after training: a file that is not
     a (mean, std) pair of tensors (the evaluation against the base reads it, and so does the copy into a
@@ -536,7 +537,7 @@ def check_base_stats(config: TokenizerConfig, base: str, compared: bool, diffuse
 
 
 def write_latent_stats(
-    config: TokenizerConfig,
+    config: NetworkConfig,
     trainable: str,
     base: str,
     data_path: Path,
@@ -581,7 +582,7 @@ def write_latent_stats(
 
 
 def run_sweep(
-    config: TokenizerConfig,
+    config: NetworkConfig,
     base: str,
     data_path: Path,
     run_dir: Path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..segments import run_segment
 from .blocks import (
     FrameGroupNorm,
     HybridDownsample,
@@ -16,7 +17,6 @@ from .blocks import (
 )
 from .haar import Patcher3D, UnPatcher3D
 from .registry import TokenizerConfig
-from .segments import run_segment
 
 
 class _Level(nn.Module):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tokenizer_posttrain.network import CausalVideoTokenizer
+from tokenizer_posttrain.network.cosmos import CausalVideoTokenizer
 
 
 def video(t: int, h: int, w: int, b: int = 1, seed: int = 0) -> torch.Tensor:

@@ -1,7 +1,7 @@
-"""One registry of typed configs for every Cosmos tokenizer variant.
+"""The typed configs of every released Cosmos-1.0 tokenizer.
 
-The network is built from a :class:`TokenizerConfig` alone; names resolve through
-:func:`resolve_name`, which accepts ``Cosmos-1.0-Tokenizer-CV8x8x8``,
+The network is built from a :class:`TokenizerConfig` alone; names resolve through the family table
+(:func:`tokenizer_posttrain.network.family.resolve_name`), which accepts ``Cosmos-1.0-Tokenizer-CV8x8x8``,
 ``Cosmos-0.1-Tokenizer-CV8x8x8`` and the short ``CV8x8x8``.
 """
 
@@ -11,6 +11,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from ..family import clip_rule_problems
 
 
 @dataclass(frozen=True)
@@ -98,15 +100,7 @@ class TokenizerConfig:
         self, frames: int, height: int, width: int, names: tuple[str, str, str] = ("T", "H", "W")
     ) -> list[str]:
         """Why a clip of this size cannot go through the network (empty when it can)."""
-        tc, sc = self.temporal_compression, self.spatial_compression
-        problems = []
-        if frames < 1 or (frames - 1) % tc:
-            lo = 1 + max(frames - 1, 0) // tc * tc
-            problems.append(f"{names[0]}={frames} is not 1+{tc}k frames (use {lo} or {lo + tc})")
-        for size, name in ((height, names[1]), (width, names[2])):
-            if size < 1 or size % sc:
-                problems.append(f"{name}={size} is not a multiple of {sc}")
-        return problems
+        return clip_rule_problems(self.temporal_compression, self.spatial_compression, frames, height, width, names)
 
     def replace(self, **overrides: Any) -> TokenizerConfig:
         """A copy with some fields changed (e.g. ``channels=16`` for tiny test models)."""
@@ -149,29 +143,10 @@ REGISTRY: dict[str, TokenizerConfig] = {
 }
 """Short name -> config of every released Cosmos-1.0 tokenizer."""
 
-_PREFIXES = ("Cosmos-1.0-Tokenizer-", "Cosmos-0.1-Tokenizer-")
+PREFIXES = ("Cosmos-1.0-Tokenizer-", "Cosmos-0.1-Tokenizer-")
+"""Long-name prefixes of the released models (the short names work too)."""
 
 
-def known_names() -> list[str]:
-    """Every accepted long model name (the short names are accepted too)."""
-    return [c.full_name for c in REGISTRY.values()]
-
-
-def resolve_name(name: str) -> str:
-    """Map any accepted spelling of a model name to its short registry key."""
-    short = name.strip().rstrip("/").split("/")[-1]
-    for prefix in _PREFIXES:
-        if short.startswith(prefix):
-            short = short[len(prefix) :]
-    if short in REGISTRY:
-        return short
-    raise ValueError(
-        f"unknown tokenizer model {name!r}. Known models: {', '.join(known_names())} "
-        "(the Cosmos-0.1- prefix and the short names such as CV8x8x8 work too)"
-    )
-
-
-def get_config(name: str, **overrides: Any) -> TokenizerConfig:
-    """The registered config for ``name``, with ``overrides`` applied."""
-    cfg = REGISTRY[resolve_name(name)]
-    return cfg.replace(**overrides) if overrides else cfg
+def config_from_dict(data: dict[str, Any]) -> TokenizerConfig:
+    """The inverse of :meth:`TokenizerConfig.to_dict`."""
+    return TokenizerConfig(**data)

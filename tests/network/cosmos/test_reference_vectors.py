@@ -3,7 +3,7 @@
 import torch
 
 from tests.conftest import reference_io
-from tokenizer_posttrain.network import CausalVideoTokenizer
+from tokenizer_posttrain.network.cosmos import CausalVideoTokenizer
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:

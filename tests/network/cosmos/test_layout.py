@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tests.conftest import REFERENCE
-from tokenizer_posttrain.network import DecoderLayout, EncoderLayout, build_tokenizer
+from tokenizer_posttrain.network import build_tokenizer
+from tokenizer_posttrain.network.cosmos import DecoderLayout, EncoderLayout
 
 MANIFEST = json.loads((REFERENCE / "checkpoint_layout.json").read_text())
 
