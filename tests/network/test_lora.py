@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tokenizer_posttrain.network import CausalVideoTokenizer, build_tokenizer
+from tokenizer_posttrain.network import build_tokenizer
 from tokenizer_posttrain.network.lora import LoRAConv3d, apply_lora, has_lora, lora_state, merge_lora
 
 # The smallest clips each tiny model accepts with more than one latent frame. CPU conv3d gets
@@ -16,7 +18,7 @@ from tokenizer_posttrain.network.lora import LoRAConv3d, apply_lora, has_lora, l
 CLIP = {"CV8x8x8": (1, 3, 9, 8, 8), "DV8x16x16": (1, 3, 9, 16, 16)}
 
 
-def _tiny(name: str) -> CausalVideoTokenizer:
+def _tiny(name: str) -> nn.Module:
     torch.manual_seed(0)
     return build_tokenizer(name, channels=16).eval()
 
@@ -178,3 +180,109 @@ def test_deepcopy_and_trace_after_merge() -> None:
     torch.testing.assert_close(eager, _run(net, x), rtol=1e-4, atol=1e-5)
     traced = torch.jit.trace(clone, x)
     assert torch.equal(traced(x), eager)
+
+
+class _TimeCausalConv3d(nn.Conv3d):
+    """A conv subclass that pads time on the past side only, in its own forward, as Wan's VAE convs do.
+
+    ``padding`` is zeroed after construction and the real padding kept in ``_padding``; ``cache_x``
+    stands in for frames from an earlier chunk.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        t, h, w = self.padding
+        self._padding = (w, w, h, h, 2 * t, 0)  # F.pad order: W, H, then T (past, future)
+        self.padding = (0, 0, 0)
+
+    def forward(self, x: Tensor, cache_x: Tensor | None = None) -> Tensor:
+        pad = list(self._padding)
+        if cache_x is not None:
+            x = torch.cat([cache_x, x], dim=2)
+            pad[4] -= cache_x.shape[2]
+        return super().forward(F.pad(x, pad))
+
+
+def _causal_net() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        _TimeCausalConv3d(3, 6, 3, padding=1), nn.SiLU(), _TimeCausalConv3d(6, 5, 3, stride=(1, 2, 2), padding=1)
+    ).eval()
+
+
+def _frames(t: int = 7) -> Tensor:
+    return torch.rand(1, 3, t, 6, 6, generator=torch.Generator().manual_seed(3)) * 2 - 1
+
+
+def test_conv_subclass_keeps_its_forward_and_class() -> None:
+    net, x = _causal_net(), _frames()
+    reference, keys, params = _run(net, x), list(net.state_dict()), dict(net.named_parameters())
+    calls = []
+    net[0].register_forward_hook(lambda *_: calls.append(1))  # hooks stay: the module object stays
+
+    assert apply_lora(net, rank=2, alpha=4.0) == ["0", "2"]
+    conv = net[0]
+    assert isinstance(conv, LoRAConv3d) and isinstance(conv, _TimeCausalConv3d) and type(net[2]) is type(conv)
+    assert conv.padding == conv.lora_down.padding == (0, 0, 0) and conv._padding == (1, 1, 1, 1, 2, 0)
+    assert all(net.get_parameter(n) is p for n, p in params.items())  # the same Parameter objects, not copies
+    assert torch.equal(_run(net, x), reference)  # up = 0: exactly the base output
+    assert calls
+
+    _perturb_adapters(net, std=0.5)
+    unmerged = _run(net, x)
+    assert unmerged.shape == reference.shape and not torch.allclose(unmerged, reference, atol=1e-3)
+    # Causal: a change from frame 4 on leaves every earlier output frame as it was.
+    later = x.clone()
+    later[:, :, 4:] += 1
+    changed = _run(net, later)
+    assert torch.equal(changed[:, :, :4], unmerged[:, :, :4]) and not torch.equal(changed, unmerged)
+    # The subclass's own cache path still works with the adapter in: two cached frames replace the padding.
+    with torch.no_grad():
+        chunk = net[0](x[:, :, 3:], cache_x=x[:, :, 1:3])
+        torch.testing.assert_close(chunk, net[0](x)[:, :, 3:], rtol=0, atol=1e-6)
+
+    assert merge_lora(net) is net and not has_lora(net)
+    assert all(type(m) is _TimeCausalConv3d for m in (net[0], net[2]))
+    assert not any(hasattr(net[0], a) for a in ("lora_down", "lora_rank", "lora_scaling"))
+    merged = dict(net.named_parameters())
+    assert list(net.state_dict()) == keys and list(merged) == list(params)
+    assert all(merged[n] is p for n, p in params.items())  # an optimizer's state still points at them
+    torch.testing.assert_close(_run(net, x), unmerged, rtol=1e-4, atol=1e-5)
+    _causal_net().load_state_dict(net.state_dict(), strict=True)
+
+
+@pytest.mark.parametrize("padding_mode", ["replicate", "circular", "reflect"])
+def test_padding_modes_start_equal_and_merge(padding_mode: str) -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv3d(3, 4, 3, stride=(1, 2, 2), padding=(1, 2, 1), padding_mode=padding_mode))
+    x = _frames()
+    reference = _run(net, x)
+    apply_lora(net, rank=2, alpha=2.0)
+    assert net[0].lora_down.padding_mode == padding_mode
+    assert torch.equal(_run(net, x), reference)
+    _perturb_adapters(net, std=0.5)
+    unmerged = _run(net, x)
+    assert not torch.allclose(unmerged, reference, atol=1e-3)
+    merge_lora(net)
+    assert type(net[0]) is nn.Conv3d
+    torch.testing.assert_close(_run(net, x), unmerged, rtol=1e-4, atol=1e-5)
+
+
+def test_adapted_subclass_copies_pickles_and_compiles() -> None:
+    net, x = _causal_net(), _frames()
+    apply_lora(net, rank=2, alpha=4.0, dropout=0.1)
+    _perturb_adapters(net, std=0.5)
+    expected = _run(net, x)
+
+    clone = copy.deepcopy(net)
+    buffer = io.BytesIO()
+    torch.save(net, buffer)
+    loaded = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+    for other in (clone, loaded):
+        assert type(other[0]) is type(net[0]) and other[0].lora_down is not net[0].lora_down
+        assert torch.equal(_run(other, x), expected)
+    merge_lora(loaded)
+    assert type(loaded[0]) is _TimeCausalConv3d and has_lora(net) and has_lora(clone)
+
+    compiled = torch.compile(net, backend="eager", fullgraph=True)
+    assert torch.equal(_run(compiled, x), expected)
