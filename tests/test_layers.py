@@ -116,3 +116,58 @@ def test_the_public_api_comes_from_the_package() -> None:
         build_tokenizer,
     )
     assert set(api.__all__) >= {"build_tokenizer", "load_tokenizer", "export_tokenizer", "Encoding"}
+
+
+FAMILY_FOLDERS = ("tokenizer_posttrain.network.cosmos",)
+"""Each tokenizer family's folder: only its own modules name its classes and submodules."""
+COSMOS_FORMATS = {
+    "tokenizer_posttrain": "the public API hands on CausalVideoTokenizer, TokenizerConfig and REGISTRY",
+    "tokenizer_posttrain.network": "imports the family folder to register it",
+    "tokenizer_posttrain.io.config_json": "checks the fields of Cosmos' config.json (the cosmos export format)",
+    "tokenizer_posttrain.io.diffusers_format": "maps Cosmos' keys to diffusers' AutoencoderKLCosmos (the diffusers "
+    "format, a Cosmos-only entry of io/formats.py)",
+}
+"""Modules outside the family folder that may import it, and why: the Cosmos-only file formats and the API."""
+COSMOS_PARTS = ("quant_conv", "post_quant_conv", "conv_out", "quantizer", "tail", "unpatcher3d", "patcher3d")
+"""Submodules of Cosmos' network that the layers above must reach through the family seam instead."""
+
+
+def family_leaks(source: str, module: str, is_package: bool = False) -> list[str]:
+    """Imports of a family folder, and attribute reads of Cosmos' submodules, in a module outside the folder."""
+    if module.startswith(FAMILY_FOLDERS):
+        return []
+    found = []
+    if module not in COSMOS_FORMATS:
+        found += [
+            f"{module}:{line} imports {target}"
+            for line, target in imported_modules(source, module, is_package)
+            if target.startswith(FAMILY_FOLDERS)
+        ]
+    found += [
+        f"{module}:{node.lineno} reads .{node.attr}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr in COSMOS_PARTS
+    ]
+    return found
+
+
+def test_only_a_family_s_folder_names_its_classes_and_submodules() -> None:
+    problems = []
+    for module, path in package_modules():
+        name = module.removesuffix(".__init__")
+        problems += family_leaks(path.read_text(), name, is_package=path.name == "__init__.py")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "flagged"),
+    [
+        ("tokenizer_posttrain.training.module", "from ..network.cosmos import CausalVideoTokenizer", True),
+        ("tokenizer_posttrain.evaluation.inference", "z = network.quant_conv(network.encoder(x))", True),
+        ("tokenizer_posttrain.training.module", "y = self.network.decoder.tail(h)", True),
+        ("tokenizer_posttrain.network.cosmos.tokenizer", "z = self.quant_conv(self.encoder(x))", False),
+        ("tokenizer_posttrain.training.module", "y = self.network.apply_head(h)", False),
+    ],
+)
+def test_the_family_check_sees_imports_and_submodules(module: str, source: str, flagged: bool) -> None:
+    assert bool(family_leaks(source, module)) == flagged

@@ -218,3 +218,15 @@ def test_the_family_trains_and_exports_through_the_app(toy: TokenizerFamily, tmp
     for key, value in trained.state_dict().items():
         assert torch.equal(again.state_dict()[key], value), key
     assert main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "x"), "--format", "cosmos"]) == 1
+
+
+def test_latent_statistics_of_another_kind_are_refused_not_guessed(toy: TokenizerFamily) -> None:
+    from tokenizer_posttrain.core.errors import EvaluationError
+    from tokenizer_posttrain.evaluation.latent_stats import latent_statistics
+
+    clips = [torch.rand(3, 2, 8, 8) * 2 - 1 for _ in range(2)]
+    per_frame = latent_statistics(build_tokenizer("Toy-AE4"), clips, max_clips=2, positions=2)
+    assert per_frame.mean.shape == (4, 2)  # the toy's 4 latent channels x 2 latent frames
+    FAMILIES[TOY.name] = dataclasses.replace(TOY, latent_stats="per-channel")
+    with pytest.raises(EvaluationError, match="read per-channel latent statistics, which this version does not"):
+        latent_statistics(build_tokenizer("Toy-AE4"), clips, max_clips=2)

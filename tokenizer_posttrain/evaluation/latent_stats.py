@@ -24,7 +24,7 @@ from ..core.files import atomic_path
 from ..core.progress import progress as progress_report
 from ..core.untrusted import load_torch_file
 from ..io.export import CHUNK_FRAMES
-from ..network import VideoTokenizer
+from ..network import VideoTokenizer, family_of
 from .clips import open_clips
 
 Accelerate = Callable[[VideoTokenizer], Callable[[Tensor], Tensor]]
@@ -148,9 +148,15 @@ def latent_statistics(
             f"{network.config.name} is a discrete tokenizer: world models read its token indices, which have no "
             "latent statistics (none are written)"
         )
+    kind = family_of(network.config).latent_stats
+    if kind != PER_FRAME:
+        raise EvaluationError(
+            f"{network.config.name}: its world models read {kind} latent statistics, which this version does not "
+            f"compute (only {PER_FRAME} ones, as Cosmos world models read); export without latent statistics"
+        )
     # A copy: a cast of the caller's network to bf16 would round the weights it goes on to export.
     net = copy.deepcopy(network).to(device, dtype).eval()
-    encode = accelerate(net) if accelerate is not None else net.encode
+    encode = accelerate(net) if accelerate is not None else net.latent
     video, image = Moments(), Moments()
     seen, batch = 0, []
     bar = progress_report("latent statistics", max_clips, "clips", enabled=progress)
@@ -183,6 +189,8 @@ def latent_statistics(
     return LatentStats(mean, std, image_mean, image_std, seen, measured if measured < wanted else None)
 
 
+PER_FRAME = "per-frame"
+"""The statistics computed here: a mean and std per latent channel and latent frame (Cosmos' ``mean_std.pt``)."""
 _PASSES = 1_000_000
 """Passes over the dataset one seed may make: pass ``n`` of seed ``s`` draws from ``s * _PASSES + n``, so no two
 seeds share a draw."""

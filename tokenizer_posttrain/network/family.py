@@ -166,6 +166,11 @@ class VideoTokenizer(nn.Module):
         self.check_video(x)
         return self.encoding_of(self.encoder_output(x))
 
+    def latent(self, x: Tensor) -> Tensor:
+        """The continuous latent of video ``x`` (a VAE's posterior mean, a discrete tokenizer's codes): what latent
+        statistics and latent drift are measured on."""
+        return self.encoding(x).latent
+
     def decode(self, latent: Tensor) -> Tensor:
         """``latent`` ``[B, C, t, h, w]`` (continuous latent or codes) -> video ``[B, 3, 1 + T_c (t - 1), ...]``."""
         self.check_latent(latent)
@@ -201,6 +206,10 @@ class TokenizerFamily:
     """The inverse of ``config.to_dict()`` (a checkpoint's record of its network)."""
     width_of: Callable[[Mapping[str, Tensor], NetworkConfig], Optional[int]] = field(default=lambda state, cfg: None)
     """The base width (``channels``) a state dict's shapes give for a model of this family, or None."""
+    latent_stats: str = "per-frame"
+    """The statistics its world models normalise continuous latents with: ``"per-frame"`` (Cosmos' ``mean_std.pt``:
+    a mean and std per channel and latent frame of a 121-frame chunk); a family whose consumers read others (per
+    channel, as the Wan VAEs' constants) names them, and the statistics commands refuse it until they compute them."""
     official_modules: Optional[Callable[[VideoTokenizer], Mapping[str, nn.Module]]] = None
     """The modules of the family's official traced files, by role (``encoder`` takes video, ``decoder`` the
     tokens, ``autoencoder`` video), sharing the network's weights; None where it has no such files."""

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..losses import Loss
+from ..network import VideoTokenizer
 from .config import ModelConfig, TrainerConfig
 
 if TYPE_CHECKING:
@@ -115,10 +116,10 @@ def compile_module_call(fn: Fn, backend: str | None = None, mode: str | None = N
     return torch.compile(fn, backend=backend or COMPILE_BACKEND, dynamic=False, mode=mode)
 
 
-def fast_encoder(network: nn.Module) -> Callable[[Tensor], Tensor]:
-    """``network.encode`` for inference on a GPU: channels-last activations, compiled (once per clip shape)."""
+def fast_encoder(network: VideoTokenizer) -> Callable[[Tensor], Tensor]:
+    """``network.latent`` for inference on a GPU: channels-last activations, compiled (once per clip shape)."""
     configure_network(network, channels_last=True)
-    return compile_module_call(network.encode)
+    return compile_module_call(network.latent)
 
 
 def keep_graphs_whole() -> None:

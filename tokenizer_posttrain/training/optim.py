@@ -24,9 +24,11 @@ def param_groups(network: nn.Module, lr: float, lr_groups: dict[str, float] | No
         group["params"].append(param)
     unused = [p for p in prefixes if p not in groups]
     if unused:
+        # The model's own top-level names: they differ between tokenizer families.
+        tops = sorted({name.split(".")[0] + "." for name, param in network.named_parameters() if param.requires_grad})
         raise ValueError(
             f"optim.lr_groups prefixes {unused} match no trainable parameter "
-            "(names look like 'encoder.down.0...', 'decoder.up.1...', 'quant_conv...')"
+            f"(the trainable names start with {', '.join(repr(t) for t in tops)})"
         )
     if not groups:
         raise ValueError("nothing to train: every parameter is frozen (check model.trainable and model.lora)")
