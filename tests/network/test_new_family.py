@@ -81,6 +81,7 @@ class ToyAutoencoder(VideoTokenizer):
     sides: ClassVar[Mapping[str, tuple[str, ...]]] = {"encoder": ("encoder.",), "decoder": ("decoder.",)}
     last_layer: ClassVar[str] = "decoder.out"
     head: ClassVar[str] = "decoder.out"
+    lora_modules: ClassVar[tuple[str, ...]] = ("decoder.*",)  # the encoder's stays as released
 
     def __init__(self, config: ToyConfig) -> None:
         super().__init__()
@@ -230,3 +231,21 @@ def test_latent_statistics_of_another_kind_are_refused_not_guessed(toy: Tokenize
     FAMILIES[TOY.name] = dataclasses.replace(TOY, latent_stats="per-channel")
     with pytest.raises(EvaluationError, match="read per-channel latent statistics, which this version does not"):
         latent_statistics(build_tokenizer("Toy-AE4"), clips, max_clips=2)
+
+
+def test_the_family_s_sides_and_lora_modules_choose_what_trains(toy: TokenizerFamily) -> None:
+    from tokenizer_posttrain.training.config import LoRAConfig
+    from tokenizer_posttrain.training.trainable import configure_trainable
+
+    network = build_tokenizer("Toy-AE4")
+    assert configure_trainable(network, "decoder", LoRAConfig()) == [
+        "decoder.body.0.weight",
+        "decoder.body.0.bias",
+        "decoder.out.weight",
+        "decoder.out.bias",
+    ]
+    adapted = build_tokenizer("Toy-AE4")
+    trained = configure_trainable(adapted, "all", LoRAConfig(rank=2))
+    assert trained and all(name.startswith("decoder.") and ".lora_" in name for name in trained)
+    with pytest.raises(ValueError, match="no unadapted nn.Conv3d matches targets \\['encoder.\\*'\\]"):
+        configure_trainable(build_tokenizer("Toy-AE4"), "all", LoRAConfig(rank=2, targets=["encoder.*"]))

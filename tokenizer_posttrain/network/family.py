@@ -103,6 +103,9 @@ class VideoTokenizer(nn.Module):
     head: ClassVar[str]
     """The module :meth:`apply_head` runs (the decoder's last convolution), from the input
     :meth:`decode_with_head_input` returns."""
+    lora_modules: ClassVar[tuple[str, ...]] = ("*",)
+    """fnmatch patterns of the convolutions LoRA may adapt (``model.lora.targets`` choose among them): a family
+    leaves out a convolution whose weight an adapter could not be folded into, or that must stay as released."""
     config: NetworkConfig
 
     @property

@@ -135,9 +135,15 @@ def _adapted(network: nn.Module) -> list[tuple[str, LoRAConv3d]]:
 
 
 def apply_lora(
-    network: nn.Module, rank: int, alpha: float, dropout: float = 0.0, targets: Sequence[str] = ("*",)
+    network: nn.Module,
+    rank: int,
+    alpha: float,
+    dropout: float = 0.0,
+    targets: Sequence[str] = ("*",),
+    allowed: Sequence[str] = ("*",),
 ) -> list[str]:
-    """Add LoRA adapters to every ``nn.Conv3d`` (subclasses too) whose module name matches ``targets``.
+    """Add LoRA adapters to every ``nn.Conv3d`` (subclasses too) whose module name matches ``targets``, among
+    those that match ``allowed`` (the family's :attr:`~.family.VideoTokenizer.lora_modules`).
 
     Patterns are ``fnmatch`` style and case-sensitive (``"decoder.*"``, ``"*.attn_1.*"``). Afterwards
     only adapter parameters require grad; every other parameter of ``network`` is frozen. Convs
@@ -158,7 +164,10 @@ def apply_lora(
     candidates = [
         name
         for name, m in network.named_modules()
-        if name and isinstance(m, nn.Conv3d) and id(m) not in taken  # the root has no name to match
+        if name  # the root has no name to match
+        and isinstance(m, nn.Conv3d)
+        and id(m) not in taken
+        and any(fnmatchcase(name, p) for p in allowed)
     ]
     chosen = sorted(n for n in candidates if any(fnmatchcase(n, p) for p in targets))
     if not chosen:
