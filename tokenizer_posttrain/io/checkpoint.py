@@ -555,7 +555,7 @@ def resolve_config(
             config = weights.config.replace(**overrides) if overrides else weights.config
         elif looks_like is None:
             raise CheckpointError(
-                f"{weights.source} does not match any known Cosmos tokenizer layout. Closest is "
+                f"{weights.source} does not match the layout of any known tokenizer. Closest is "
                 f"{describe_config(best_cfg)}: {best_diff.describe()}"
             )
         else:
