@@ -91,7 +91,7 @@ def test_windowed_follows_one_pass_when_windows_overlap(tame: dict, name: str) -
     ref = one_pass(net, video)
     gap, near = {}, [17, 18, 19]  # the frames right after the first seam
     for context in (0, 1, 9):
-        out = inference.reconstruct(net, video, window=17, context=context).float()
+        out = inference.reconstruct(net, video, inference.Options(window=17, context=context)).float()
         # Causal: the first window is exactly the start of one pass over the whole clip.
         assert (out[:17] - ref[:17]).abs().max() <= 1
         gap[context] = ((out[17:] - ref[17:]).abs().mean().item(), (out[near] - ref[near]).abs().mean().item())
@@ -121,27 +121,28 @@ def test_tiled_model_keeps_sizes(tame: dict, name: str) -> None:
     net, video = tame[name], smooth_video(9, 50, 83)
     key = "latent" if name.startswith("CV") else "indices"
     whole, encoded = inference.reconstruct(net, video).float(), inference.encode(net, video)
-    tiled = inference.reconstruct(net, video, tile=48, tile_overlap=32)
+    tiled = inference.reconstruct(net, video, inference.Options(tile=48, tile_overlap=32))
     assert tiled.shape == video.shape and tiled.dtype == torch.uint8
     # Per-frame GroupNorm and spatial attention see one tile at a time, so tiles cannot equal the
     # whole frame; a briefly trained CV8x8x8 differs by about one grey level (module docstring),
     # these random weights by up to ~30, so this bound only catches misplaced tiles.
     assert (tiled.float() - whole).abs().mean() < 40
-    tiled_encoded = inference.encode(net, video, tile=48, tile_overlap=32)
+    tiled_encoded = inference.encode(net, video, inference.Options(tile=48, tile_overlap=32))
     assert tiled_encoded[key].shape == encoded[key].shape and tiled_encoded[key].dtype == encoded[key].dtype
     assert inference.decode(net, tiled_encoded, tile=48, tile_overlap=32).shape == video.shape
     # A tile as large as the (padded) frame is no tiling at all.
-    assert torch.equal(inference.reconstruct(net, video, tile=96, tile_overlap=32), whole.to(torch.uint8))
-    assert torch.equal(inference.encode(net, video, tile=96, tile_overlap=32)[key], encoded[key])
+    whole_frame = inference.Options(tile=96, tile_overlap=32)
+    assert torch.equal(inference.reconstruct(net, video, whole_frame), whole.to(torch.uint8))
+    assert torch.equal(inference.encode(net, video, whole_frame)[key], encoded[key])
 
 
 def test_bf16_autocast_is_close_to_fp32(tame: dict) -> None:
     net, video = tame["CV8x8x8"], smooth_video(9, 32, 32)
     full = inference.reconstruct(net, video).float()
-    half = inference.reconstruct(net, video, dtype=torch.bfloat16).float()
+    half = inference.reconstruct(net, video, inference.Options(dtype=torch.bfloat16)).float()
     assert (half - full).abs().mean() < 3
     assert next(net.parameters()).dtype == torch.float32  # autocast, not a cast of the weights
-    assert inference.encode(net, video, dtype=torch.bfloat16)["latent"].dtype == torch.bfloat16
+    assert inference.encode(net, video, inference.Options(dtype=torch.bfloat16))["latent"].dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -161,9 +162,9 @@ def test_encode_decode_is_reconstruct(nets: dict, name: str) -> None:
     }
     decoded = inference.decode(net, encoded)
     assert decoded.shape == video.shape and decoded.dtype == torch.uint8
-    assert (decoded.int() - inference.reconstruct(net, video, context=0).int()).abs().max() <= 1
+    assert (decoded.int() - inference.reconstruct(net, video, inference.Options(context=0)).int()).abs().max() <= 1
     # With overlapping windows the latents overlap too, and decode drops the warm-up again.
-    overlapping = inference.encode(net, video, context=9)
+    overlapping = inference.encode(net, video, inference.Options(context=9))
     assert overlapping["latent" if name.startswith("CV") else "indices"].shape[0] == 3
     assert (inference.decode(net, overlapping).int() - inference.reconstruct(net, video).int()).abs().max() <= 1
 
@@ -189,7 +190,7 @@ def test_bad_options_raise_clear_errors(nets: dict) -> None:
         ({"dtype": torch.float16}, "dtype must be"),
     ]:
         with pytest.raises(ValueError, match=message):
-            inference.reconstruct(net, video, **kwargs)
+            inference.reconstruct(net, video, inference.Options(**kwargs))
     with pytest.raises(ValueError, match=r"uint8 frames \[T, H, W, 3\]"):
         inference.reconstruct(net, video.float())
 

@@ -132,7 +132,7 @@ def test_the_export_normalizes_latents_the_way_the_cosmos_loader_reads_them(long
 def test_a_long_video_through_the_cosmos_loader_matches_our_own_chunked_pipeline(
     long_videos: Path, exported: Path
 ) -> None:
-    from tokenizer_posttrain.evaluation.inference import encode, reconstruct
+    from tokenizer_posttrain.evaluation.inference import Options, encode, reconstruct
     from tokenizer_posttrain.evaluation.media import to_frames
     from tokenizer_posttrain.evaluation.metrics import clip_psnr
 
@@ -150,9 +150,9 @@ def test_a_long_video_through_the_cosmos_loader_matches_our_own_chunked_pipeline
             restored.append(normalized * std[None, :, :, None, None] + mean[..., None, None])
             round_trip.append(to_frames(decoder(restored[-1])[0]))
         ours = load_tokenizer(reference_weights("CV8x8x8")).to(torch.bfloat16).eval()
-        our_latents = encode(ours, video, window=121, context=0, dtype=torch.bfloat16)["latent"].float()
-        our_video = reconstruct(ours, video, window=121, context=0, dtype=torch.bfloat16)
-        exact = reconstruct(ours.float(), video, window=121, context=0)  # our pipeline in fp32: the reference
+        our_latents = encode(ours, video, Options(window=121, context=0, dtype=torch.bfloat16))["latent"].float()
+        our_video = reconstruct(ours, video, Options(window=121, context=0, dtype=torch.bfloat16))
+        exact = reconstruct(ours.float(), video, Options(window=121, context=0))  # our pipeline in fp32: the reference
     # The latents are ours, and the statistics' round trip gives them back to bf16 precision.
     torch.testing.assert_close(torch.cat(latents), our_latents, atol=0.02, rtol=0.02)
     torch.testing.assert_close(torch.cat(restored).float(), torch.cat(latents), atol=0.01, rtol=0)

@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -185,8 +185,9 @@ def load_latents(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 # -- shared options -------------------------------------------------------------------------
 
 
-def _setup(args: argparse.Namespace, encoding: bool) -> tuple[VideoTokenizer, dict[str, object]]:
-    """Load the network and check every option, before any long work; returns (network, kwargs)."""
+def _setup(args: argparse.Namespace, encoding: bool) -> tuple[VideoTokenizer, inference.Options]:
+    """Load the network and check every option, before any long work; returns (network, options) with the
+    context resolved."""
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise CommandError("--device cuda was given but no CUDA GPU is available (use --device cpu)")
@@ -194,14 +195,26 @@ def _setup(args: argparse.Namespace, encoding: bool) -> tuple[VideoTokenizer, di
     network = load_tokenizer(
         _existing(args.checkpoint, "checkpoint", folder_too=True), name=args.model, setting_names=MODEL_FLAG
     )
-    options = {"tile": args.tile, "tile_overlap": args.tile_overlap, "dtype": dtype, "device": device}
     # decode checks only the tiles here: its window and context come from the latents file.
     window, context = getattr(args, "window", 17), getattr(args, "context", None)
-    context = inference.check_options(network, window, context, args.tile, args.tile_overlap, encoding)
+    options = inference.Options(
+        window, context, tile=args.tile, tile_overlap=args.tile_overlap, dtype=dtype, device=device
+    )
+    context = inference.check_options(network, options, encoding)
     if hasattr(args, "window"):
         args.context = context
-        options.update(window=window, context=context)
-    return network, options
+    return network, replace(options, context=context)
+
+
+def _decode_options(options: inference.Options) -> dict[str, object]:
+    """The keyword arguments of :func:`~tokenizer_posttrain.evaluation.inference.decode` among ``options``
+    (the window and context are the latents file's)."""
+    return {
+        "dtype": options.dtype,
+        "device": options.device,
+        "tile": options.tile,
+        "tile_overlap": options.tile_overlap,
+    }
 
 
 def _psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -226,14 +239,13 @@ def _reconstruct(args: argparse.Namespace) -> int:
     if args.save_latents:
         # Reconstruct through the saved latents, so that the file and the video agree exactly.
         with progress("encode", len(video), "frames") as shown:
-            encoded = inference.encode(network, torch.from_numpy(video), **options, on_window=shown.update)
+            encoded = inference.encode(network, torch.from_numpy(video), options, on_window=shown.update)
         save_latents(Path(args.save_latents), encoded, network.config.full_name, fps, source)
-        decode_options = {k: options[k] for k in ("dtype", "device", "tile", "tile_overlap")}
         with progress("decode", len(video), "frames") as shown:
-            output = inference.decode(network, encoded, **decode_options, on_window=shown.update).numpy()
+            output = inference.decode(network, encoded, **_decode_options(options), on_window=shown.update).numpy()
     else:
         with progress("reconstruct", len(video), "frames") as shown:
-            output = inference.reconstruct(network, torch.from_numpy(video), **options, on_window=shown.update)
+            output = inference.reconstruct(network, torch.from_numpy(video), options, on_window=shown.update)
         output = output.numpy()
     seconds = time.perf_counter() - start
     write_video(Path(args.output), output, fps, args.crf)
@@ -251,7 +263,7 @@ def _encode(args: argparse.Namespace) -> int:
     read = read_video(source, args.allow_partial)
     video, fps = read.frames, read.fps
     with progress("encode", len(video), "frames") as shown:
-        encoded = inference.encode(network, torch.from_numpy(video), **options, on_window=shown.update)
+        encoded = inference.encode(network, torch.from_numpy(video), options, on_window=shown.update)
     save_latents(Path(args.output), encoded, network.config.full_name, fps, source)
     key = "indices" if network.config.is_discrete else "latent"
     print(
@@ -278,7 +290,7 @@ def _decode(args: argparse.Namespace) -> int:
             f"{args.input} holds {meta['model']} latents, but the checkpoint is {network.config.full_name}"
         )
     with progress("decode", _frame_count(encoded), "frames") as shown:
-        output = inference.decode(network, encoded, **options, on_window=shown.update).numpy()
+        output = inference.decode(network, encoded, **_decode_options(options), on_window=shown.update).numpy()
     fps = args.fps or Fraction(meta.get("fps") or DEFAULT_FPS)
     write_video(Path(args.output), output, fps, args.crf)
     print(f"decoded {_describe(output, fps)} with {network.config.name} -> {args.output}")

@@ -46,6 +46,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -89,12 +90,28 @@ def _check_window(network: VideoTokenizer, window: int, context: int | None, def
     return context
 
 
+@dataclass(frozen=True)
+class Options:
+    """How :func:`reconstruct` and :func:`encode` run a video through the network (module docstring)."""
+
+    window: int = 17
+    """Frames through the network at once: ``1 + k*tc``."""
+    context: int | None = None
+    """Frames each window after the first re-reads as causal warm-up: 0 or ``1 + m*tc``. None: the default,
+    :func:`default_context` for :func:`reconstruct`, 0 (disjoint windows) for :func:`encode`."""
+    tile: int | None = None
+    """Pixels (a multiple of the spatial compression): large frames go through in feather-blended tiles."""
+    tile_overlap: int = 32
+    """Pixels the tiles overlap by at least."""
+    dtype: torch.dtype = torch.float32
+    """``torch.bfloat16`` runs under autocast over the fp32 weights."""
+    device: str | torch.device = "cpu"
+    """Where the network runs; it is moved there and run in eval mode (its train/eval mode restored afterwards)."""
+
+
 def check_options(
     network: VideoTokenizer,
-    window: int = 17,
-    context: int | None = None,
-    tile: int | None = None,
-    tile_overlap: int = 32,
+    options: Options = Options(),  # noqa: B008 - frozen
     encoding: bool = False,
 ) -> int:
     """Raise a clear ``ValueError`` for options :func:`reconstruct` (``encoding=False``) or
@@ -102,8 +119,8 @@ def check_options(
 
     Lets a caller fail fast, before reading a long video.
     """
-    context = _check_window(network, window, context, 0 if encoding else None)
-    _check_tile(network, tile, tile_overlap)
+    context = _check_window(network, options.window, options.context, 0 if encoding else None)
+    _check_tile(network, options.tile, options.tile_overlap)
     return context
 
 
@@ -216,35 +233,27 @@ def _tiled(
 def reconstruct(
     network: VideoTokenizer,
     video: Tensor,
-    window: int = 17,
-    context: int | None = None,
-    tile: int | None = None,
-    tile_overlap: int = 32,
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
+    options: Options = Options(),  # noqa: B008 - frozen
     on_window: Callable[[int], object] | None = None,
 ) -> Tensor:
     """Reconstruct a uint8 video ``[T, H, W, 3]`` of any length and size; returns the same shape, on the CPU.
 
-    ``window`` frames (``1 + k*tc``) go through the network at once; each window after the
-    first re-reads ``context`` frames (0 or ``1 + m*tc``; default :func:`default_context`)
-    as causal warm-up and drops their output (module docstring). ``tile`` (pixels, a
-    multiple of the spatial compression) processes large frames in feather-blended tiles.
-    ``dtype=torch.bfloat16`` runs under autocast over the fp32 weights. The network is moved
-    to ``device`` and run in eval mode (its train/eval mode is restored afterwards). ``on_window`` is called
-    after each window with the frames done so far (a progress report).
+    ``options.window`` frames go through the network at once; each window after the first re-reads
+    ``options.context`` frames (default :func:`default_context`) as causal warm-up and drops their output
+    (module docstring); ``options.tile`` processes large frames in tiles (:class:`Options`). ``on_window`` is
+    called after each window with the frames done so far (a progress report).
     """
     video = _as_video(video)
-    context = check_options(network, window, context, tile, tile_overlap)
+    context = check_options(network, options)
     cfg = network.config
     tc, sc = cfg.temporal_compression, cfg.spatial_compression
     frames, height, width = video.shape[:3]
     out = torch.empty_like(video, device="cpu")
-    with _session(network, dtype, device) as dev:
-        for start, stop, drop in _windows(frames, window, context):
+    with _session(network, options.dtype, options.device) as dev:
+        for start, stop, drop in _windows(frames, options.window, context):
             padded = 1 + _round_up(stop - start - 1, tc)
             x = _to_network(video[start:stop], dev, padded, _round_up(height, sc), _round_up(width, sc))
-            y = _tiled(network, x, tile, tile_overlap, sc, 1.0)
+            y = _tiled(network, x, options.tile, options.tile_overlap, sc, 1.0)
             out[start + drop : stop] = to_frames(y[:, :, drop : stop - start, :height, :width])
             if on_window is not None:
                 on_window(stop)
@@ -254,27 +263,23 @@ def reconstruct(
 def encode(
     network: VideoTokenizer,
     video: Tensor,
-    window: int = 17,
-    context: int | None = None,
-    tile: int | None = None,
-    tile_overlap: int = 32,
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
+    options: Options = Options(),  # noqa: B008 - frozen
     on_window: Callable[[int], object] | None = None,
 ) -> dict[str, Tensor]:
     """Encode a uint8 video ``[T, H, W, 3]`` window by window; returns CPU tensors.
 
-    CV: ``{"latent": [n, C, t, h, w]}`` in ``dtype``; DV: ``{"indices": int32 [n, t, h, w]}``;
-    one row per window, every window padded to ``window`` frames. Both also hold 0-dim int64
+    CV: ``{"latent": [n, C, t, h, w]}`` in ``options.dtype``; DV: ``{"indices": int32 [n, t, h, w]}``;
+    one row per window, every window padded to ``options.window`` frames. Both also hold 0-dim int64
     ``frames``, ``height``, ``width``, ``window`` and ``context`` for :func:`decode`.
-    ``context`` defaults to 0 here: disjoint windows, and ``decode`` gives what
-    ``reconstruct(..., context=0)`` gives. With ``context > 0`` the windows overlap as in
-    :func:`reconstruct` and ``decode`` drops the warm-up frames again. With ``tile``, the
+    ``options.context`` defaults to 0 here: disjoint windows, and ``decode`` gives what
+    ``reconstruct`` with ``context=0`` gives. With ``context > 0`` the windows overlap as in
+    :func:`reconstruct` and ``decode`` drops the warm-up frames again. With ``options.tile``, the
     tiles' pre-quantization latents are blended (DV quantizes the blend). ``on_window``: as in
     :func:`reconstruct`.
     """
     video = _as_video(video)
-    context = check_options(network, window, context, tile, tile_overlap, encoding=True)
+    context = check_options(network, options, encoding=True)
+    window, dtype = options.window, options.dtype
     cfg = network.config
     sc = cfg.spatial_compression
     frames, height, width = video.shape[:3]
@@ -284,10 +289,10 @@ def encode(
         return network.encoder_output(x)
 
     rows = []
-    with _session(network, dtype, device) as dev:
+    with _session(network, dtype, options.device) as dev:
         for start, stop, _ in _windows(frames, window, context):
             x = _to_network(video[start:stop], dev, window, _round_up(height, sc), _round_up(width, sc))
-            z = _tiled(pre_quant, x, tile, tile_overlap, sc, 1.0 / sc)
+            z = _tiled(pre_quant, x, options.tile, options.tile_overlap, sc, 1.0 / sc)
             tokens = network.encoding_of(z).tokens
             rows.append(tokens if cfg.is_discrete else tokens.to(dtype))
             if on_window is not None:
@@ -324,7 +329,7 @@ def decode(
         raise ValueError(
             f"encoded data lacks {err.args[0]!r}: write it with tokenizer_posttrain.evaluation.inference.encode"
         ) from err
-    context = check_options(network, window, context, tile, tile_overlap, encoding=True)
+    context = check_options(network, Options(window, context, tile, tile_overlap), encoding=True)
     rows = encoded[key]
     spans = _windows(frames, window, context)
     if rows.shape[0] != len(spans):

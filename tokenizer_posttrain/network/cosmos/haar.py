@@ -19,12 +19,6 @@ from .blocks import replicate_first_frame
 _TAP = 1.0 / math.sqrt(2.0)
 
 
-def _haar_buffers(module: nn.Module) -> None:
-    # Kept only so the state_dict matches the official checkpoints key for key.
-    module.register_buffer("wavelets", torch.full((2,), _TAP, dtype=torch.float32))
-    module.register_buffer("_arange", torch.arange(2, dtype=torch.int64))
-
-
 def _sum_diff(x: torch.Tensor, dim: int, out_dim: int) -> torch.Tensor:
     """Split ``dim`` (size 2) into its low (sum) and high (difference) band at ``out_dim``."""
     a, b = x.select(dim, 0), x.select(dim, 1)
@@ -52,14 +46,24 @@ def haar_synthesis(x: torch.Tensor) -> torch.Tensor:
     return y.reshape(b, g, 2 * t, 2 * h, 2 * w)
 
 
-class Patcher3D(nn.Module):
-    """Video ``[B, C, T, H, W]`` -> ``[B, C*p^3, (T+p-1)/p, H/p, W/p]`` Haar coefficients."""
+class _HaarLevels(nn.Module):
+    """What :class:`Patcher3D` and :class:`UnPatcher3D` share: ``log2(patch_size)`` Haar levels, and the
+    official checkpoints' buffers."""
 
     def __init__(self, patch_size: int) -> None:
         super().__init__()
         self.patch_size = patch_size
         self.levels = int(math.log2(patch_size))
-        _haar_buffers(self)
+        # Kept only so the state_dict matches the official checkpoints key for key.
+        self.register_buffer("wavelets", torch.full((2,), _TAP, dtype=torch.float32))
+        self.register_buffer("_arange", torch.arange(2, dtype=torch.int64))
+
+
+class Patcher3D(_HaarLevels):
+    """Video ``[B, C, T, H, W]`` -> ``[B, C*p^3, (T+p-1)/p, H/p, W/p]`` Haar coefficients."""
+
+    def __init__(self, patch_size: int) -> None:
+        super().__init__(patch_size)
         self.register_buffer("patch_size_buffer", torch.tensor([patch_size], dtype=torch.int32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,14 +73,8 @@ class Patcher3D(nn.Module):
         return x
 
 
-class UnPatcher3D(nn.Module):
+class UnPatcher3D(_HaarLevels):
     """Inverse of :class:`Patcher3D`, dropping the ``p-1`` replicated leading frames."""
-
-    def __init__(self, patch_size: int) -> None:
-        super().__init__()
-        self.patch_size = patch_size
-        self.levels = int(math.log2(patch_size))
-        _haar_buffers(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for _ in range(self.levels):
