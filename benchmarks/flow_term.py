@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenizer_posttrain.losses import StepContext
 from tokenizer_posttrain.losses.flow import FlowConfig, FlowTerm, RAFTFlow, build_raft
 
 
@@ -112,10 +113,11 @@ def main() -> None:
     nemo_raft = copy.deepcopy(raft).to(torch.bfloat16)
     term = FlowTerm(config, RAFTFlow(raft, torch.bfloat16, config.flow_updates))
     term.prepare(torch.device("cuda"))
+    compiled = torch.compile(term, dynamic=False)
     paths = {
         "nemo": NemoStyleFlow(nemo_raft, config.scale),
-        "ours": term,
-        "ours+compile": torch.compile(term, dynamic=False),
+        "ours": lambda reconstruction, target, mask: term(StepContext(reconstruction, target, mask)),
+        "ours+compile": lambda reconstruction, target, mask: compiled(StepContext(reconstruction, target, mask)),
     }
     for name in args.paths:
         base = name.removesuffix("+bench")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from tokenizer_posttrain.losses import LossConfig, build_loss
+from tokenizer_posttrain.losses import LossConfig, StepContext, build_loss
 from tokenizer_posttrain.losses.flow import (
     RAFT_FILES,
     FlowConfig,
@@ -207,7 +207,7 @@ def test_our_raft_pass_gives_torchvisions_flows(raft: str) -> None:
 def test_identical_videos_give_zero(raft_small: nn.Module) -> None:
     video = smooth_frames(1, 3).transpose(1, 2)
     term = FlowTerm(FlowConfig(1.0, scale=1, dtype="float32"), RAFTFlow(raft_small, torch.float32, 2))
-    assert term(video, video, torch.ones(1, 1, 3, 128, 128)).item() == 0.0
+    assert term(StepContext(video, video, torch.ones(1, 1, 3, 128, 128))).item() == 0.0
 
 
 @pytest.mark.parametrize(("scale", "pixels"), [(1, 1), (2, 2)])
@@ -220,7 +220,7 @@ def test_a_shift_the_reconstruction_lost_costs_its_flow(scale: int, pixels: int)
     flow = bidirectional_flow(target, ShiftFlow(), scale)
     assert flow.shape == (1, 2, 4, 16, 16)
     assert torch.equal(flow[0, 0, :, 0, 0], torch.tensor([1.0, 1.0, -1.0, -1.0]) * pixels)
-    value = term(still, target, torch.ones(1, 1, 3, 16, 16))
+    value = term(StepContext(still, target, torch.ones(1, 1, 3, 16, 16)))
     assert value.item() == pytest.approx(pixels / 2)
 
 
@@ -229,21 +229,22 @@ def test_only_pairs_whose_pixels_count_in_both_frames_count() -> None:
     reconstruction = target.clone()
     reconstruction[:, :, 2] = reconstruction[:, :, 1]  # frame 2 stands still: pair (1, 2) loses its motion
     term = FlowTerm(FlowConfig(1.0, scale=1), ShiftFlow())
-    everything = term(reconstruction, target, torch.ones(1, 1, 3, 16, 16))
+    everything = term(StepContext(reconstruction, target, torch.ones(1, 1, 3, 16, 16)))
     assert everything.item() == pytest.approx(0.5 * 2 / 4)  # 2 of the 4 pair flows (each direction) differ
     mask = torch.ones(1, 1, 3, 16, 16)
     mask[:, :, 2, :, :8] = 0  # half of frame 2 masked: pair (1, 2) still counts on the other half
-    assert term(reconstruction, target, mask).item() == pytest.approx(0.5 * 2 * 128 / (2 * 256 + 2 * 128))
+    assert term(StepContext(reconstruction, target, mask)).item() == pytest.approx(0.5 * 2 * 128 / (2 * 256 + 2 * 128))
     mask[:, :, 2] = 0  # frame 2 gone: only pair (0, 1), which agrees
-    assert term(reconstruction, target, mask).item() == 0.0
-    assert term(reconstruction, target, torch.zeros_like(mask)).item() == 0.0  # nothing counts: 0, not NaN
+    assert term(StepContext(reconstruction, target, mask)).item() == 0.0
+    assert term(StepContext(reconstruction, target, torch.zeros_like(mask))).item() == 0.0  # nothing counts: 0, not NaN
 
 
 def test_gradients_reach_the_reconstruction_not_raft(raft_small: nn.Module) -> None:
     target = smooth_frames(1, 2).transpose(1, 2)
     reconstruction = (target + 0.1 * torch.randn_like(target)).requires_grad_(True)
     network = RAFTFlow(raft_small, torch.float32, 2)
-    value = FlowTerm(FlowConfig(1.0, scale=1), network)(reconstruction, target, torch.ones(1, 1, 2, 128, 128))
+    context = StepContext(reconstruction, target, torch.ones(1, 1, 2, 128, 128))
+    value = FlowTerm(FlowConfig(1.0, scale=1), network)(context)
     value.backward()
     assert value.item() > 0
     assert reconstruction.grad is not None and reconstruction.grad.abs().sum() > 0
@@ -260,7 +261,7 @@ def test_activation_checkpointing_gives_the_same_value_and_gradient(raft_small: 
         reconstruction = (target + noise).requires_grad_(True)
         config = FlowConfig(1.0, scale=1, checkpoint_activations=recompute)
         value = FlowTerm(config, RAFTFlow(raft_small, torch.float32, 2))(
-            reconstruction, target, torch.ones(1, 1, 2, 128, 128)
+            StepContext(reconstruction, target, torch.ones(1, 1, 2, 128, 128))
         )
         value.backward()
         results.append((value.detach(), reconstruction.grad))
@@ -325,7 +326,7 @@ def test_a_term_at_weight_zero_builds_nothing_and_reads_no_file(
     for step in (0, 2, 4, 100):  # before, at and after every boundary of the schedule
         weights = loss.prepare(step, CPU)
         assert weights == {"l1": 1.0}
-        assert set(loss(video.flip(-1), video, torch.ones(1, 1, 2, 8, 8), weights)) == {"l1", "loss"}
+        assert set(loss(StepContext(video.flip(-1), video, torch.ones(1, 1, 2, 8, 8)), weights)) == {"l1", "loss"}
     assert calls == []
 
 

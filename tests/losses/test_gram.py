@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.losses.test_perceptual import SCALE, SHIFT, masked_frames_case, videos
-from tokenizer_posttrain.losses import LossConfig, build_loss
+from tokenizer_posttrain.losses import LossConfig, StepContext, build_loss
 from tokenizer_posttrain.losses.gram import (
     GramConfig,
     GramTerm,
@@ -258,7 +258,7 @@ def test_perceptual_and_gram_share_one_vgg16_pass(weights_file: Path) -> None:
     hook = loss.vgg.network.vgg.register_forward_hook(lambda *_: calls.append(1))
     target, noise = videos(b=1, t=2)
     recon, mask = target + 0.1 * noise, torch.ones(1, 1, 2, 16, 16)
-    terms = loss(recon, target, mask, weights)
+    terms = loss(StepContext(recon, target, mask), weights)
     hook.remove()
     assert len(calls) == 2  # the target's features and the reconstruction's, once each
     alone = VGG16Pass(load_vgg16_features(weights_file))
@@ -278,7 +278,7 @@ def test_gram_alone_still_needs_and_builds_the_vgg16(weights_file: Path, tmp_pat
     weights = loss.prepare(0, CPU)
     assert loss.vgg.network is not None
     target, noise = videos(b=1, t=2)
-    terms = loss(target + 0.1 * noise, target, torch.ones(1, 1, 2, 16, 16), weights)
+    terms = loss(StepContext(target + 0.1 * noise, target, torch.ones(1, 1, 2, 16, 16)), weights)
     assert set(terms) == {"l1", "gram", "loss"} and terms["gram"] > 0
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenizer_posttrain.losses import LossConfig, build_loss
+from tokenizer_posttrain.losses import LossConfig, StepContext, build_loss
 from tokenizer_posttrain.losses.high_freq import HighFreqConfig, masked_laplacian, masked_laplacian_l1
 
 CPU = torch.device("cpu")
@@ -101,7 +101,7 @@ def test_the_term_in_the_loss_and_weight_zero_builds_nothing() -> None:
     loss = build_loss(LossConfig(perceptual_weight=0.0, high_freq=HighFreqConfig(0.5)))
     target = torch.rand(1, 3, 2, 8, 8, generator=torch.Generator().manual_seed(4))
     recon, mask = target + 0.1 * torch.randn(1, 3, 2, 8, 8), ones_like_mask(target)
-    terms = loss(recon, target, mask, loss.prepare(0, CPU))
+    terms = loss(StepContext(recon, target, mask), loss.prepare(0, CPU))
     assert set(terms) == {"l1", "high_freq", "loss"} and loss.vgg is None
     assert torch.equal(terms["high_freq"], masked_laplacian_l1(recon, target, mask))
     torch.testing.assert_close(terms["loss"], terms["l1"] + 0.5 * terms["high_freq"])

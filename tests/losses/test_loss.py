@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.losses.test_perceptual import videos
-from tokenizer_posttrain.losses import TERMS, LossConfig, build_loss
+from tokenizer_posttrain.losses import TERMS, LossConfig, StepContext, build_loss
 from tokenizer_posttrain.losses.gram import GramConfig
 from tokenizer_posttrain.losses.l1 import L1Config, masked_l1
 from tokenizer_posttrain.losses.perceptual import PerceptualConfig, PerceptualLoss, VGG16Pass
@@ -28,7 +28,7 @@ def test_terms_and_weighted_total_equal_the_previous_formula(weights_file: Path)
     target, noise = videos(b=1, t=2)
     recon, mask = target + 0.1 * noise, torch.ones(1, 1, 2, 16, 16)
     loss = build_loss(LossConfig(l1=L1Config(2.0), perceptual=PerceptualConfig(0.5, weights_path=str(weights_file))))
-    terms = loss(recon, target, mask, loss.prepare(0, CPU))
+    terms = loss(StepContext(recon, target, mask), loss.prepare(0, CPU))
     l1, perceptual = masked_l1(recon, target, mask), PerceptualLoss(str(weights_file))(recon, target, mask)
     assert torch.equal(terms["l1"], l1) and torch.equal(terms["perceptual"], perceptual)
     assert torch.equal(terms["loss"], 2.0 * l1 + 0.5 * perceptual)
@@ -39,7 +39,7 @@ def test_terms_and_weighted_total_equal_the_previous_formula(weights_file: Path)
 def test_a_term_at_weight_zero_is_not_computed() -> None:
     target, noise = videos(b=1, t=2)
     loss = build_loss(LossConfig(perceptual_weight=0.0))
-    terms = loss(target + noise, target, torch.ones(1, 1, 2, 16, 16), loss.prepare(0, CPU))
+    terms = loss(StepContext(target + noise, target, torch.ones(1, 1, 2, 16, 16)), loss.prepare(0, CPU))
     assert set(terms) == {"l1", "loss"} and torch.equal(terms["loss"], terms["l1"])
 
 

@@ -14,15 +14,20 @@ from tests.conftest import fit
 from tests.training.conftest import tiny
 from tests.training.test_step_guard import Recorder
 from tokenizer_posttrain.losses.gan import GANConfig, adaptive_weight, generator_loss
-from tokenizer_posttrain.training.adversarial import CHECKPOINT_KEY
+from tokenizer_posttrain.training.adversarial import CHECKPOINT_KEY, RECONSTRUCTION, gan_last_layer
 from tokenizer_posttrain.training.config import LoRAConfig, LossConfig, ModelConfig, OptimConfig
-from tokenizer_posttrain.training.module import RECONSTRUCTION, TokenizerModel, gan_last_layer
+from tokenizer_posttrain.training.module import TokenizerModel
 
 SMALL = {"channels": 8, "layers": 2}
 
 
 def gan_loss(**settings: object) -> LossConfig:
     return LossConfig(perceptual_weight=0.0, gan=GANConfig(**{"weight": 0.5, **SMALL, **settings}))
+
+
+def splits(module: TokenizerModel, weights: dict[str, float]) -> bool:
+    """Whether ``module``'s step at ``weights`` takes the adaptive weight's gradients apart (the split step)."""
+    return module.adversarial is not None and module.adversarial.splits(module, weights)
 
 
 def logged(module: TokenizerModel, tmp_path: Path, steps: int) -> dict[int, dict[str, float]]:
@@ -218,12 +223,15 @@ def test_a_compiled_channels_last_discriminator_trains_as_the_plain_one(
     # double backward), same state-dict keys. aot_eager: the compiled graphs without Inductor's code generation.
     import copy
 
+    from tokenizer_posttrain.losses import build_loss
+    from tokenizer_posttrain.network import build_tokenizer
     from tokenizer_posttrain.training import acceleration
     from tokenizer_posttrain.training.adversarial import AdversarialStage
 
     monkeypatch.setattr(acceleration, "SEGMENT_BACKEND", "aot_eager")
     config = GANConfig(weight=0.5, discriminator=kind, r1_weight=1.0, r1_every=1, **SMALL)
-    plain, fast = AdversarialStage(config), AdversarialStage(config)
+    network, loss = build_tokenizer("CV8x8x8", channels=8), build_loss(LossConfig(perceptual_weight=0.0))
+    plain, fast = AdversarialStage(config, network, loss), AdversarialStage(config, network, loss)
     fast.accelerate(acceleration.compiled_segment, channels_last=True)
     memory_format = torch.channels_last_3d if kind == "patch3d" else torch.channels_last
     assert fast.discriminator.net[0].weight.is_contiguous(memory_format=memory_format)
@@ -273,10 +281,11 @@ def test_the_split_step_has_the_gradients_and_weight_of_the_whole_backward_pass(
     mask = torch.ones(2, 1, 9, 32, 32)
     mask[1, :, :, :, 20:] = 0  # a padded clip: the generator term and the loss see the same masked pixels
     weights = whole.loss.prepare(0, video.device)
-    assert split.splits_adversarial_step(weights)
-    expected = whole.adversarial_terms(whole._step_forward(video, mask, weights), video, mask)
+    assert whole.adversarial is not None and split.adversarial is not None
+    assert split.adversarial.splits(split, weights)
+    expected = whole.adversarial.add_terms(whole, whole._step_forward(video, mask, weights), video, mask)
     expected["loss"].backward()
-    got, backward = split.split_adversarial_step(video, mask, weights)
+    got, backward = split.adversarial.split_step(split, video, mask, weights)
     assert float(backward) == float(got["loss"])  # the stand-in adds nothing to the value
     backward.backward()
     for key in ("loss", "l1", "gan_g", "gan_weight", "gan_d", "d_real", "d_fake"):
@@ -287,7 +296,6 @@ def test_the_split_step_has_the_gradients_and_weight_of_the_whole_backward_pass(
     assert grads and all(b is not None for _, _, b in grads)
     for key, want, have in grads:
         torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-6, msg=key)
-    assert whole.adversarial is not None and split.adversarial is not None
     for want, have in zip(whole.adversarial.parameters(), split.adversarial.parameters(), strict=True):
         torch.testing.assert_close(have.grad, want.grad, rtol=1e-5, atol=1e-7)
 
@@ -296,9 +304,9 @@ def test_the_split_step_is_left_to_the_whole_pass_where_it_does_not_apply() -> N
     from tokenizer_posttrain.losses.consistency import ConsistencyConfig
 
     late = TokenizerModel(tiny("CV8x8x8"), loss=gan_loss(disc_start=2, gen_start=2))
-    assert not late.splits_adversarial_step(late.loss.prepare(0, torch.device("cpu")))  # generator term off
+    assert not splits(late, late.loss.prepare(0, torch.device("cpu")))  # generator term off
     fixed = TokenizerModel(tiny("CV8x8x8"), loss=gan_loss(adaptive=False))
-    assert not fixed.splits_adversarial_step(fixed.loss.prepare(0, torch.device("cpu")))
+    assert not splits(fixed, fixed.loss.prepare(0, torch.device("cpu")))
 
     def windows(**gan: object) -> LossConfig:
         consistency = ConsistencyConfig(0.5, window=9, step=4)
@@ -307,22 +315,24 @@ def test_the_split_step_is_left_to_the_whole_pass_where_it_does_not_apply() -> N
     with pytest.warns(UserWarning, match=r"adaptive_every=1: with loss\.consistency on.*adaptive_every=8"):
         TokenizerModel(tiny("CV8x8x8"), loss=windows(adaptive_every=1))
     consistent = TokenizerModel(tiny("CV8x8x8"), loss=windows())  # its windows pass through the last layer too
-    assert not consistent.splits_adversarial_step(consistent.loss.prepare(0, torch.device("cpu")))
+    assert not splits(consistent, consistent.loss.prepare(0, torch.device("cpu")))
     assert consistent.adversarial is not None and consistent.adversarial.adaptive_every(split=False) == 8  # null
     # LoRA dropout would draw another mask in the tail's second run; adapters before the last layer leave it out.
     for lora in (LoRAConfig(2, dropout=0.1), LoRAConfig(2, targets=["decoder.conv_out.0.*"])):
         adapted = TokenizerModel(tiny("CV8x8x8", lora=lora), loss=gan_loss())
-        assert not adapted.splits_adversarial_step(adapted.loss.prepare(0, torch.device("cpu")))
+        assert not splits(adapted, adapted.loss.prepare(0, torch.device("cpu")))
         assert adapted.adversarial is not None and adapted.adversarial.adaptive_every(split=False) == 8
     split = TokenizerModel(tiny("CV8x8x8", lora=LoRAConfig(2)), loss=gan_loss())
-    assert split.splits_adversarial_step(split.loss.prepare(0, torch.device("cpu")))
-    assert split._gan_last_layer.startswith("decoder.conv_out.1.") and split.adversarial.adaptive_every(True) == 1
+    assert splits(split, split.loss.prepare(0, torch.device("cpu")))
+    stage = split.adversarial
+    assert stage is not None and stage.last_layer is not None
+    assert stage.last_layer.startswith("decoder.conv_out.1.") and stage.adaptive_every(True) == 1
     # 16-mixed (CUDA only; Lightning makes it bf16-mixed on a CPU): the loss scale the split gradients would lack.
     split._trainer = SimpleNamespace(precision="16-mixed")
-    assert not split.splits_adversarial_step(split.loss.prepare(0, torch.device("cpu")))
+    assert not splits(split, split.loss.prepare(0, torch.device("cpu")))
     with torch.no_grad():
         plain = TokenizerModel(tiny("CV8x8x8"), loss=gan_loss())
-        assert not plain.splits_adversarial_step(plain.loss.prepare(0, torch.device("cpu")))
+        assert not splits(plain, plain.loss.prepare(0, torch.device("cpu")))
 
 
 def test_the_gan_stage_trains_under_bf16_true(tmp_path: Path) -> None:
@@ -363,7 +373,7 @@ def test_cuda_graphs_run_the_gan_stage_as_eager_does(adaptive: bool) -> None:
         for step, micro_batches in enumerate(clips):
             module.optimizer_zero_grad(0, step, optimizer)
             for i, video in enumerate(micro_batches):
-                assert module.splits_adversarial_step(module.loss.prepare(0, video.device)) == adaptive
+                assert splits(module, module.loss.prepare(0, video.device)) == adaptive
                 loss = module.training_step({VIDEO: video, LOSS_MASK: mask}, i)
                 module.on_before_backward(loss)
                 (loss / len(micro_batches)).backward()

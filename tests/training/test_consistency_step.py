@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.training.conftest import tiny, tiny_run
-from tokenizer_posttrain.losses.consistency import ConsistencyConfig
+from tokenizer_posttrain.losses.consistency import WINDOWS, ConsistencyConfig
 from tokenizer_posttrain.training.config import LossConfig
 from tokenizer_posttrain.training.module import TokenizerModel
 
@@ -50,8 +50,8 @@ def test_dv_compares_pixels_only() -> None:
     module = TokenizerModel(tiny("DV8x16x16"), loss=loss)
     video = torch.rand(1, 3, 17, 16, 16) * 2 - 1
     weights = module.loss.prepare(0, video.device)
-    windows = module.consistency_windows(video, weights)
-    assert windows is not None and windows.latent is None and windows.reconstruction.shape == (2, 3, 9, 16, 16)
+    windows = module.loss.extra_passes(video, weights, module._extra_pass)[WINDOWS]
+    assert windows.latent is None and windows.reconstruction.shape == (2, 3, 9, 16, 16)
     with torch.no_grad():  # what validation_step logs as val/consistency
         terms = module.losses(module.network(video), video, torch.ones_like(video[:, :1]))
     # (0 here: the tiny DV model gives every window the same codes, so the windows decode alike.)

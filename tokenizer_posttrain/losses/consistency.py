@@ -11,17 +11,25 @@ latent frames from ``step / temporal_compression`` on against window ``i + 1``'s
 ``3 * temporal_compression * spatial_compression**2 / latent channels`` (pixels per latent value), each latent value
 weighted by the share of its pixels that the loss mask counts (all of them: NVIDIA's plain mean).
 
-The network pass on the windows is the training module's (it owns the network); the math is here, pure tensor code.
+The term asks the step for one more network pass, on the windows (:meth:`ConsistencyTerm.extra_inputs`); the
+step runs it (it owns the network) and hands the outputs over in the step's context. The math is here, pure tensor
+code.
 """
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .context import NetworkOutput, StepContext
 from .terms import Clips, LossTerm, TermConfig
+
+WINDOWS = "consistency_windows"
+"""The name of the extra pass on the windows, in the step's context."""
+ConsistencyWindows = NetworkOutput
+"""The network's outputs on the windows of :func:`cut_windows`, clip-major: reconstruction
+``[B*M, 3, window, H, W]``, and for CV the latents ``[B*M, C, t, h, w]`` (None for DV: pixels only)."""
 
 
 @dataclass
@@ -54,6 +62,9 @@ class ConsistencyConfig(TermConfig):
             )
         return problems
 
+    def build(self) -> "ConsistencyTerm":
+        return ConsistencyTerm(self)
+
     def clip_problems(self, key: str, clips: Clips) -> list[str]:
         """The windows must code whole latent frames, line up with the latents (CV) and overlap within a clip."""
         frames, continuous = clips.frames, clips.continuous
@@ -76,15 +87,6 @@ class ConsistencyConfig(TermConfig):
                 f"overlapping windows; {hint} or raise data.frames to >= {self.window + self.step}"
             )
         return problems
-
-
-class ConsistencyWindows(NamedTuple):
-    """The network's outputs on the windows of :func:`cut_windows`, clip-major."""
-
-    reconstruction: Tensor
-    """``[B*M, 3, window, H, W]``."""
-    latent: Optional[Tensor] = None
-    """CV only: the windows' latents ``[B*M, C, t, h, w]``; None for DV (their codes are quantized: pixels only)."""
 
 
 def window_count(frames: int, window: int, step: int) -> int:
@@ -158,17 +160,18 @@ def consistency_loss(windows: ConsistencyWindows, mask: Tensor, window: int, ste
 
 
 class ConsistencyTerm(LossTerm):
-    """:func:`consistency_loss` as a loss term. Unlike the other terms it reads the network's outputs on the clip's
-    windows: :class:`~.loss.Loss` hands it the :class:`ConsistencyWindows` the training step made (the step cuts the
-    windows with :meth:`cut` and runs the network on them)."""
+    """:func:`consistency_loss` as a loss term. It reads the network's outputs on the clip's windows, an extra pass
+    the step runs on what :meth:`extra_inputs` cuts."""
+
+    reconstruction_only = False  # its windows run through the network (and the decoder's last layer) again
 
     def __init__(self, config: ConsistencyConfig) -> None:
         super().__init__()
         self.config = config
 
-    def cut(self, video: Tensor) -> Tensor:
-        """The windows of ``video`` to run the network on."""
-        return cut_windows(video, self.config.window, self.config.step)
+    def extra_inputs(self, target: Tensor) -> dict[str, Tensor]:
+        """The windows of ``target`` to run the network on."""
+        return {WINDOWS: cut_windows(target, self.config.window, self.config.step)}
 
-    def forward(self, windows: ConsistencyWindows, mask: Tensor) -> Tensor:  # type: ignore[override]
-        return consistency_loss(windows, mask, self.config.window, self.config.step)
+    def forward(self, context: StepContext) -> Tensor:
+        return consistency_loss(context.extra(WINDOWS), context.mask, self.config.window, self.config.step)

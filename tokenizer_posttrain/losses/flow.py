@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .context import StepContext
 from .l1 import masked_mean
 from .terms import Clips, LossTerm, TermConfig
 from .weight_files import find_weights_file, read_state_dict, state_problems
@@ -68,6 +69,9 @@ class FlowConfig(TermConfig):
     checkpoint_activations: bool = False
     """Recompute RAFT's activations on the reconstruction in the backward pass instead of keeping them (less
     memory, one more RAFT pass)."""
+
+    def build(self) -> "FlowTerm":
+        return FlowTerm(self)
 
     def problems(self, key: str) -> list[str]:
         problems = super().problems(key)
@@ -385,9 +389,10 @@ class FlowTerm(LossTerm):
             self.network = RAFTFlow(raft, DTYPES[self.config.dtype], self.config.flow_updates)
         self.network.to(device)
 
-    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, context: StepContext) -> Tensor:
         if self.network is None:
             raise RuntimeError("FlowTerm.prepare() must run before the first forward")
+        reconstruction, target, mask = context.reconstruction, context.target, context.mask
         if reconstruction.shape[2] < 2:
             raise ValueError(f"loss.flow needs clips of at least 2 frames, got {tuple(reconstruction.shape)}")
         scale = self.config.scale

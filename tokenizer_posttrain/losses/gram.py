@@ -28,6 +28,9 @@ class GramConfig(TermConfig):
     temporal: bool = True
     """One Gram matrix per clip over all its frames (NVIDIA's trainers, for videos); False: one per frame."""
 
+    def build(self) -> "GramTerm":
+        return GramTerm(self)
+
 
 def weighted_gram_difference(reconstruction: Tensor, target: Tensor, weight: Tensor) -> Tensor:
     """``[N, C, h, w]`` features of reconstruction and target, ``[N, 1, h, w]`` weights -> ``[N, C, C]`` fp32

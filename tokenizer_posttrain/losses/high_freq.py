@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
+from .context import StepContext
 from .l1 import masked_mean
 from .terms import LossTerm, TermConfig
 
@@ -22,6 +23,9 @@ from .terms import LossTerm, TermConfig
 class HighFreqConfig(TermConfig):
     """L1 between the Laplacians (3x3, per frame and RGB channel) of input and reconstruction, over the counted
     pixels: sharpens edges and fine detail."""
+
+    def build(self) -> "HighFreqLoss":
+        return HighFreqLoss(self)
 
 
 def masked_laplacian(video: Tensor, mask: Tensor) -> Tensor:
@@ -51,5 +55,5 @@ class HighFreqLoss(LossTerm):
         super().__init__()
         self.config = config
 
-    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
-        return masked_laplacian_l1(reconstruction, target, mask)
+    def forward(self, context: StepContext) -> Tensor:
+        return masked_laplacian_l1(context.reconstruction, context.target, context.mask)

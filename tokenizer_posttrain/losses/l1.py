@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from .context import StepContext
 from .terms import LossTerm, TermConfig
 
 
@@ -12,6 +13,9 @@ class L1Config(TermConfig):
     """Mean absolute pixel error over the masked pixels."""
 
     weight: float = 1.0
+
+    def build(self) -> "L1Loss":
+        return L1Loss(self)
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -32,5 +36,5 @@ class L1Loss(LossTerm):
         super().__init__()
         self.config = config
 
-    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
-        return masked_l1(reconstruction, target, mask)
+    def forward(self, context: StepContext) -> Tensor:
+        return masked_l1(context.reconstruction, context.target, context.mask)

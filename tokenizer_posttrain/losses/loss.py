@@ -1,6 +1,14 @@
-"""The seam of the objective: one config with a sub-config per term, and the module built from it."""
+"""The seam of the objective: one config with a sub-config per term, and the module built from it.
+
+A term is registered by one typed field of :class:`LossConfig` whose value is a :class:`~.terms.TermConfig`
+(its ``build()`` names the term's class): the field's name is the term's name (``loss.<name>.*`` overrides, the
+``train/<name>`` metric), the fields' order the order the total sums them in. The field is the registration
+because NeMo-Run's overrides and the settings' documentation (``--help``, docs/overrides.md) read typed fields
+and the strings under them from the source, which a table filled at run time would not have.
+"""
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -8,32 +16,38 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .consistency import ConsistencyConfig, ConsistencyTerm, ConsistencyWindows
-from .flow import FlowConfig, FlowTerm
+from .consistency import ConsistencyConfig
+from .context import NetworkOutput, NetworkPass, StepContext
+from .flow import FlowConfig
 from .gan import GANConfig
-from .gram import GramConfig, GramTerm
-from .high_freq import HighFreqConfig, HighFreqLoss
-from .l1 import L1Config, L1Loss
-from .perceptual import FeatureTerm, PerceptualConfig, PerceptualTerm, SharedVGG16
-from .terms import Clips, LossTerm, TermConfig
+from .gram import GramConfig
+from .high_freq import HighFreqConfig
+from .l1 import L1Config
+from .perceptual import FeatureTerm, PerceptualConfig, SharedVGG16
+from .terms import Clips, TermConfig
 
-TERMS: dict[str, type[LossTerm]] = {
-    "l1": L1Loss,
-    "perceptual": PerceptualTerm,
-    "gram": GramTerm,
-    "high_freq": HighFreqLoss,
-    "flow": FlowTerm,
-    "consistency": ConsistencyTerm,
-}
-"""Term name (also its ``LossConfig`` field and its ``train/<name>`` metric) -> class, in the order the
-total sums them."""
+
+@functools.cache
+def term_fields(config_class: type) -> dict[str, type[TermConfig]]:
+    """Term name -> config class of every :class:`~.terms.TermConfig` field of the dataclass ``config_class``
+    (:class:`LossConfig` or a subclass of it), in the order the total sums them."""
+    return {
+        f.name: f.default_factory
+        for f in dataclasses.fields(config_class)
+        if isinstance(f.default_factory, type) and issubclass(f.default_factory, TermConfig)
+    }
+
+
 SHORTHANDS = {"l1_weight": "l1", "perceptual_weight": "perceptual"}
 """The flat ``loss.<term>_weight`` settings of earlier releases -> their term."""
 
 
 @dataclass
 class LossConfig:
-    """The training objective: a weighted sum of terms, each with a weight schedule (``loss.<term>.*``)."""
+    """The training objective: a weighted sum of terms, each with a weight schedule (``loss.<term>.*``).
+
+    Each field typed with a :class:`~.terms.TermConfig` is a term, summed in field order: a new term is one such
+    field, with the string under it that documents the setting."""
 
     l1: L1Config = field(default_factory=L1Config)
     """L1 reconstruction (weight 1)."""
@@ -59,6 +73,11 @@ class LossConfig:
     perceptual_weight: Optional[float] = None
     """Shorthand for loss.perceptual.weight (kept from earlier releases); moved into loss.perceptual likewise."""
 
+    @property
+    def term_names(self) -> list[str]:
+        """The name of every term of this config, in summing order (:func:`term_fields`)."""
+        return list(term_fields(type(self)))
+
     def __post_init__(self) -> None:
         for alias, term in SHORTHANDS.items():
             value, config = getattr(self, alias), getattr(self, term)
@@ -71,7 +90,7 @@ class LossConfig:
                 setattr(self, term, config)
             # Consumed: the term's config holds the weight, so a later dataclasses.replace() cannot apply it twice.
             setattr(self, alias, None)
-        problems = [p for name in TERMS for p in self.term(name).problems(f"loss.{name}")]
+        problems = [p for name in self.term_names for p in self.term(name).problems(f"loss.{name}")]
         problems += self.gan.problems("loss.gan")
         if not problems:
             off = [step for step in self.schedule_starts() if not self.weights_at(step)]
@@ -86,25 +105,28 @@ class LossConfig:
 
     def schedule_starts(self) -> list[int]:
         """The first step of every interval in which no term's weight changes."""
-        return sorted({0, *(b for name in TERMS for b in self.term(name).boundaries)})
+        return sorted({0, *(b for name in self.term_names for b in self.term(name).boundaries)})
 
     def weights_at(self, step: int) -> dict[str, float]:
         """Name -> weight of the terms with a non-zero weight at optimizer step ``step``, in summing order."""
-        weights = {name: self.term(name).weight_at(step) for name in TERMS}
+        weights = {name: self.term(name).weight_at(step) for name in self.term_names}
         return {name: w for name, w in weights.items() if w != 0}
 
     def clip_problems(self, clips: Clips) -> list[str]:
         """What stops a term that is ever on from working on the run's ``clips`` (each term's own check, asked
         in summing order), each naming the setting and what to set."""
         return [
-            p for name in TERMS if self.term(name).ever_on for p in self.term(name).clip_problems(f"loss.{name}", clips)
+            p
+            for name in self.term_names
+            if self.term(name).ever_on
+            for p in self.term(name).clip_problems(f"loss.{name}", clips)
         ]
 
     def unreached_changes(self, max_steps: int) -> list[str]:
         """One line per term whose schedule changes at a step that a run of ``max_steps`` optimizer steps
         (0 ... max_steps - 1) never reaches: the weight it keeps, and whether the term is ever on."""
         notes = []
-        for name in TERMS:
+        for name in self.term_names:
             config = self.term(name)
             unreached = [i for i, boundary in enumerate(config.boundaries) if boundary >= max_steps]
             if not config.values or not unreached:
@@ -124,6 +146,10 @@ class LossConfig:
         return dataclasses.asdict(self)
 
 
+TERMS = term_fields(LossConfig)
+"""Term name -> config class of every term :class:`LossConfig` has, in the order the total sums them."""
+
+
 class Loss(nn.Module):
     """Every term of a :class:`LossConfig` that is ever on; ``forward`` returns the active terms by name
     and their weighted total under ``"loss"``, all fp32 scalars.
@@ -137,9 +163,8 @@ class Loss(nn.Module):
     def __init__(self, config: LossConfig) -> None:
         super().__init__()
         self.config = config
-        self.terms = nn.ModuleDict(
-            {name: cls(config.term(name)) for name, cls in TERMS.items() if config.term(name).ever_on}
-        )
+        on = [name for name in config.term_names if config.term(name).ever_on]
+        self.terms = nn.ModuleDict({name: config.term(name).build() for name in on})
         self.feature_terms = frozenset(name for name, term in self.terms.items() if isinstance(term, FeatureTerm))
         self.vgg = SharedVGG16(config.perceptual) if self.feature_terms else None
 
@@ -153,47 +178,46 @@ class Loss(nn.Module):
             self.vgg.prepare(device)
         return weights
 
-    def consistency(self, weights: dict[str, float]) -> Optional[ConsistencyTerm]:
-        """The consistency term when ``weights`` (from :meth:`prepare`) has it on: then the step cuts the clip's
-        windows (:meth:`ConsistencyTerm.cut`) and runs the network on them; else None (no extra pass)."""
-        term = self.terms["consistency"] if "consistency" in weights else None
-        assert term is None or isinstance(term, ConsistencyTerm)
-        return term
+    def extra_passes(self, target: Tensor, weights: dict[str, float], run: NetworkPass) -> dict[str, NetworkOutput]:
+        """``run`` (the step's network) on the clips that the terms of ``weights`` ask for
+        (:meth:`~.terms.LossTerm.extra_inputs`), each name once: the ``extras`` of the step's context. Empty, at
+        no cost, when no active term asks."""
+        passes: dict[str, NetworkOutput] = {}
+        for name in weights:
+            for key, clips in self.terms[name].extra_inputs(target).items():
+                if key not in passes:
+                    passes[key] = run(clips)
+        return passes
 
-    def forward(
-        self,
-        reconstruction: Tensor,
-        target: Tensor,
-        mask: Tensor,
-        weights: dict[str, float],
-        windows: Optional[ConsistencyWindows] = None,
-    ) -> dict[str, Tensor]:
+    def reconstruction_only(self, weights: dict[str, float]) -> bool:
+        """Whether every term of ``weights`` reads the network through the reconstruction alone
+        (:attr:`~.terms.LossTerm.reconstruction_only`)."""
+        return all(self.terms[name].reconstruction_only for name in weights)
+
+    def forward(self, context: StepContext, weights: dict[str, float]) -> dict[str, Tensor]:
         """``{term: value, ..., "loss": sum of weight x value}`` over the terms of ``weights``
-        (from :meth:`prepare`); ``windows``: the network's outputs on the clip's windows, when
-        :meth:`consistency` is on."""
+        (from :meth:`prepare`), each reading what it needs of the step's ``context``."""
         terms: dict[str, Tensor] = {}
         total: Tensor | None = None
-        on_features = [name for name in weights if name in self.feature_terms]
-        shared: dict[str, Tensor] = {}
-        if on_features:
-            assert self.vgg is not None
-            values = self.vgg(reconstruction, target, mask, [self.terms[name] for name in on_features])
-            shared = dict(zip(on_features, values, strict=True))
+        shared = self._feature_values(context, weights)
         for name, weight in weights.items():
-            if name in shared:
-                value = shared[name]
-            elif name == "consistency":
-                if windows is None:
-                    raise ValueError("loss.consistency is on at this step but no window outputs were given")
-                value = self.terms[name](windows, mask)
-            else:
-                value = self.terms[name](reconstruction, target, mask)
+            value = shared[name] if name in shared else self.terms[name](context)
             terms[name] = value
             total = weight * value if total is None else total + weight * value
         if total is None:
             raise ValueError("no loss term is active at this step")
         terms["loss"] = total
         return terms
+
+    def _feature_values(self, context: StepContext, weights: dict[str, float]) -> dict[str, Tensor]:
+        """The values of the VGG16 feature terms of ``weights``, from their one shared VGG16 pass."""
+        on_features = [name for name in weights if name in self.feature_terms]
+        if not on_features:
+            return {}
+        assert self.vgg is not None
+        features = [self.terms[name] for name in on_features]
+        values = self.vgg(context.reconstruction, context.target, context.mask, features)
+        return dict(zip(on_features, values, strict=True))
 
 
 def build_loss(config: LossConfig) -> Loss:

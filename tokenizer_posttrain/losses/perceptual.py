@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .context import StepContext
 from .terms import LossTerm, TermConfig
 from .weight_files import DOWNLOADS, find_weights_file, read_state_dict, state_problems
 
@@ -154,7 +155,7 @@ class FeatureTerm(LossTerm):
         ``clips`` clips, each of ``frames / clips`` frames."""
         raise NotImplementedError
 
-    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, context: StepContext) -> Tensor:
         raise RuntimeError(f"{type(self).__name__} is computed in the VGG16 pass of the Loss module (Loss.vgg)")
 
 
@@ -295,6 +296,9 @@ class PerceptualConfig(TermConfig):
     loss.gram."""
     frame_chunk: Optional[int] = None
     """Run the VGG over at most this many frames at once (saves memory, same result); for loss.gram too."""
+
+    def build(self) -> "PerceptualTerm":
+        return PerceptualTerm(self)
 
     def problems(self, key: str) -> list[str]:
         problems = super().problems(key)

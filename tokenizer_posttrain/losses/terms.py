@@ -3,9 +3,12 @@
 import bisect
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
+
+from .context import StepContext
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,10 @@ class TermConfig:
     while boundaries[i-1] <= step < boundaries[i], ``values[-1]`` from the last boundary on."""
     values: list[float] = field(default_factory=list)
     """``len(boundaries) + 1`` weights of the schedule; empty means ``weight`` at every step."""
+
+    def build(self) -> "LossTerm":
+        """The term this config sets up (each term's config names its class here)."""
+        raise NotImplementedError(f"{type(self).__name__} names no loss term: give it a build() returning one")
 
     def weight_at(self, step: int) -> float:
         """The weight at optimizer step ``step``."""
@@ -76,12 +83,18 @@ class TermConfig:
 
 
 class LossTerm(nn.Module):
-    """One term of the objective: ``forward(reconstruction, target, mask)`` -> fp32 scalar.
+    """One term of the objective: ``forward(context)`` -> fp32 scalar, from what it reads of the step's
+    :class:`~.context.StepContext` (reconstruction, target, mask, posterior, extra passes).
 
-    Videos are ``[B, 3, T, H, W]`` in [-1, 1]; ``mask`` ``[B, 1, T, H, W]`` is 1 where a pixel counts.
     A term that needs a network or a file finds the file in :meth:`check` (at launch) and builds the
-    network in :meth:`prepare`, the first time its weight is non-zero, outside any compiled code.
+    network in :meth:`prepare`, the first time its weight is non-zero, outside any compiled code. A term that
+    needs the network's outputs on other clips names them in :meth:`extra_inputs`.
     """
+
+    reconstruction_only: ClassVar[bool] = True
+    """Whether the term reads the network through the step's reconstruction alone (not through extra passes or
+    the posterior). loss.gan's split step, which takes the loss's gradient at the reconstruction, runs only
+    while every active term does."""
 
     def check(self) -> None:
         """Raise a clear error now if the term could not run later (e.g. a missing weights file)."""
@@ -90,5 +103,11 @@ class LossTerm(nn.Module):
         """Build what the term needs (once) and move it to ``device``."""
         self.to(device)
 
-    def forward(self, reconstruction: Tensor, target: Tensor, mask: Tensor) -> Tensor:  # pragma: no cover
+    def extra_inputs(self, target: Tensor) -> dict[str, Tensor]:
+        """Clips, made from the step's ``target``, that the network must also run on for this term, by name:
+        the step runs each name once, before its own pass, and the term reads the outputs as
+        ``context.extra(name)``. Most terms: none."""
+        return {}
+
+    def forward(self, context: StepContext) -> Tensor:  # pragma: no cover
         raise NotImplementedError
