@@ -213,7 +213,7 @@ gradients (autograd.grad, before any all-reduce), on a rank as in one process: w
 way (1 here) it is the same number for the same clip, so adaptive on is exact too. With other micro-batch sizes on
 the two sides it would legitimately differ, and so it does with ``adaptive_every=8``: each rank reuses the weight of
 its own first micro-batch, one process that of the step's first. (The default, null, is 1 here: the step takes the
-weight's gradients apart, TokenizerModel.split_adversarial_step.)"""
+weight's gradients apart, AdversarialStage.split_step.)"""
 
 
 VGG = ("loss.perceptual.weight=0.1", "loss.gram.weight=0.062", "loss.perceptual.weights_path={vgg}")

@@ -29,7 +29,7 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
@@ -40,8 +40,15 @@ from ..losses import Loss
 from ..network import VideoTokenizer
 from .config import ModelConfig, TrainerConfig
 
-if TYPE_CHECKING:
-    from .adversarial import AdversarialStage
+
+class SpeedSwitches(Protocol):
+    """What takes the training's speed switches besides the tokenizer (the GAN stage's discriminator): typed here
+    so that this module needs nothing of the stage's."""
+
+    def accelerate(
+        self, wrapper: Callable[[Callable], Callable] | None, channels_last: bool, keep_gradients: bool = False
+    ) -> None: ...
+
 
 Fn = TypeVar("Fn", bound=Callable)
 
@@ -226,12 +233,12 @@ class StepAcceleration:
         )
         configure_loss(loss, channels_last=cfg.channels_last)
 
-    def apply_discriminator(self, stage: AdversarialStage) -> None:
+    def apply_discriminator(self, stage: SpeedSwitches) -> None:
         """The same switches on the GAN stage's discriminator: compiled forward passes with ``compile`` (static
         shapes; CUDA graphs with ``cuda_graphs``, its gradients then kept allocated and zeroed in place, as the
         tokenizer's), channels-last with ``channels_last``.
 
-        Where the step cannot take the adaptive weight's gradients apart (``TokenizerModel.splits_adversarial_step``),
+        Where the step cannot take the adaptive weight's gradients apart (``AdversarialStage.splits``),
         it differentiates the compiled graphs with ``retain_graph`` (twice, then the step's backward), which
         AOTAutograd refuses for graphs compiled with donated buffers: those are turned off (for this process)
         when the stage is compiled.

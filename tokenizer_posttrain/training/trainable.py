@@ -13,7 +13,8 @@ def configure_trainable(network: VideoTokenizer, trainable: str, lora: LoRAConfi
     Returns the names of the parameters that train.
     """
     if lora.rank > 0:
-        apply_lora(network, lora.rank, lora.alpha, lora.dropout, lora.targets, network.lora_modules)  # freezes every base weight
+        # Freezes every base weight; only the convolutions the family allows take adapters.
+        apply_lora(network, lora.rank, lora.alpha, lora.dropout, lora.targets, network.lora_modules)
     if trainable != "all":
         for name, param in network.named_parameters():
             if not name.startswith(network.sides[trainable]):
