@@ -13,6 +13,7 @@ import torch
 
 from tests.conftest import read_metrics, run_cli, run_cli_here, run_torchrun
 from tokenizer_posttrain.commands.train_cli import run_cli as run_cli_in_process
+from tokenizer_posttrain.losses import LossConfig, build_loss
 from tokenizer_posttrain.losses.gan import GANConfig
 from tokenizer_posttrain.network import build_tokenizer
 from tokenizer_posttrain.training.adversarial import AdversarialStage
@@ -282,7 +283,9 @@ def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_pat
             "adversarial" not in ddp["state_dict"] and ddp["adversarial"]["steps"] == one["adversarial"]["steps"] == 3
         )
         d_ddp, d_one = ddp["adversarial"]["discriminator"], one["adversarial"]["discriminator"]
-        d_start = AdversarialStage(GANConfig(weight=0.1, channels=8, layers=2)).discriminator.state_dict()
+        gan = GANConfig(weight=0.1, channels=8, layers=2)
+        stage = AdversarialStage(gan, build_tokenizer("CV8x8x8", channels=16), build_loss(LossConfig(perceptual_weight=0.0)))
+        d_start = stage.discriminator.state_dict()
         assert d_ddp.keys() == d_one.keys() == d_start.keys()
         d_disagreement = sum(((d_ddp[k] - d_one[k]) ** 2).sum() for k in d_start).sqrt()
         d_update = sum(((d_one[k] - d_start[k]) ** 2).sum() for k in d_start).sqrt()

@@ -198,7 +198,7 @@ def build_network(cfg: ModelConfig) -> VideoTokenizer:
     if cfg.jit_ckpt_pth is None:
         warnings.warn(
             f"model.jit_ckpt_pth is not set: training {cfg.model} from RANDOM weights. "
-            "Point it at a Cosmos checkpoint folder to post-train.",
+            "Point it at the model's weights (a checkpoint folder or file) to post-train.",
             stacklevel=2,
         )
         return build_tokenizer(cfg.model, **overrides)
