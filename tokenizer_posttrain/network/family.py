@@ -38,6 +38,11 @@ class Encoding(NamedTuple):
         """What downstream world models consume: the continuous latent, or the token indices."""
         return self.latent if self.indices is None else self.indices
 
+    @property
+    def posterior(self) -> Optional[tuple[Tensor, Tensor]]:
+        """VAEs: ``(mean, logvar)`` of the Gaussian posterior over the latent; None for the others."""
+        return None if self.mean is None or self.logvar is None else (self.mean, self.logvar)
+
 
 class NetworkConfig(Protocol):
     """What every family's config answers (a frozen dataclass in practice)."""
