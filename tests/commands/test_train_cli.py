@@ -284,7 +284,8 @@ def test_two_processes_train_exactly_like_one_with_gradient_accumulation(tmp_pat
         )
         d_ddp, d_one = ddp["adversarial"]["discriminator"], one["adversarial"]["discriminator"]
         gan = GANConfig(weight=0.1, channels=8, layers=2)
-        stage = AdversarialStage(gan, build_tokenizer("CV8x8x8", channels=16), build_loss(LossConfig(perceptual_weight=0.0)))
+        network, no_vgg = build_tokenizer("CV8x8x8", channels=16), build_loss(LossConfig(perceptual_weight=0.0))
+        stage = AdversarialStage(gan, network, no_vgg)
         d_start = stage.discriminator.state_dict()
         assert d_ddp.keys() == d_one.keys() == d_start.keys()
         d_disagreement = sum(((d_ddp[k] - d_one[k]) ** 2).sum() for k in d_start).sqrt()

@@ -33,6 +33,7 @@ from tokenizer_posttrain import (
 from tokenizer_posttrain.core.errors import ExportError
 from tokenizer_posttrain.io.formats import FORMATS, ExportFormat, check_formats, register_format
 from tokenizer_posttrain.losses.gan import GANConfig
+from tokenizer_posttrain.losses.kl import KLConfig
 from tokenizer_posttrain.network.family import clip_rule_problems
 
 SUFFIX = ".toyweights"
@@ -136,6 +137,7 @@ TOY = TokenizerFamily(
     config_from_dict=lambda data: ToyConfig(**data),
     width_of=lambda state, cfg: int(state["encoder.0.weight"].shape[0]) if "encoder.0.weight" in state else None,
     reader=read_toy,
+    posterior=True,
 )
 TOY_FORMAT = ExportFormat(
     name="toyformat",
@@ -202,9 +204,13 @@ def test_the_family_trains_and_exports_through_the_app(toy: TokenizerFamily, tmp
     configs = tiny_run(
         tmp_path,
         steps=2,
-        model={"model": "Example-Toy-AE4", "channels": 8, "trainable": "decoder"},
+        model={"model": "Example-Toy-AE4", "channels": 8, "trainable": "decoder", "sample_posterior": True},
         data={"frames": 3, "height": 16, "width": 16},
-        loss={"perceptual_weight": 0.0, "gan": GANConfig(weight=0.1, channels=8, layers=1)},
+        loss={
+            "perceptual_weight": 0.0,
+            "kl": KLConfig(weight=1e-3),
+            "gan": GANConfig(weight=0.1, channels=8, layers=1),
+        },
         log={"latent_stats_clips": 0},
     )
     run_dir = train(**configs)

@@ -278,3 +278,11 @@ def test_each_loss_term_checks_the_clips_and_one_launch_reports_them_all() -> No
     # Each term's own problems, in one message (in the terms' summing order).
     assert "(loss.flow.scale=2); use clips of 256+ pixels" in message and "loss.consistency.window=10 is not" in message
     check_loss_clips(model, data, LossConfig(flow=FlowConfig(0.0)))  # a term that is never on is not asked
+
+
+def test_sampling_a_posterior_needs_a_model_that_has_one() -> None:
+    from tokenizer_posttrain.training.config import DataConfig, ModelConfig
+    from tokenizer_posttrain.training.train import check_clip_shape
+
+    with pytest.raises(ValueError, match="Cosmos-1.0-Tokenizer-CV8x8x8 has no posterior to sample"):
+        check_clip_shape(ModelConfig(model="CV8x8x8", sample_posterior=True), DataConfig(frames=9, height=32, width=32))

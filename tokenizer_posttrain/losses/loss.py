@@ -22,6 +22,7 @@ from .flow import FlowConfig
 from .gan import GANConfig
 from .gram import GramConfig
 from .high_freq import HighFreqConfig
+from .kl import KLConfig
 from .l1 import L1Config
 from .perceptual import FeatureTerm, PerceptualConfig, SharedVGG16
 from .terms import Clips, TermConfig
@@ -64,6 +65,10 @@ class LossConfig:
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
     """Overlapping windows of a clip (``window`` frames every ``step``), reconstructed on their own, must agree on
     their shared frames and CV latents (NVIDIA's trainers ship it off); weight 0 (default): off, no extra pass."""
+    kl: KLConfig = field(default_factory=KLConfig)
+    """KL divergence of a VAE encoder's posterior from the unit Gaussian, summed over each clip's latent (the Wan
+    VAEs; the wan21 recipes set 1e-6, the latent-diffusion VAEs' weight); weight 0 (default): off. Tokenizers
+    without a posterior (Cosmos) refuse it at launch."""
     gan: GANConfig = field(default_factory=GANConfig)
     """Adversarial fine-tuning: a discriminator trained beside the tokenizer and a generator term (the Cosmos
     paper's fine-tuning stage; no released trainer has it); weight 0 (default): off, nothing built. Not a term of

@@ -23,6 +23,8 @@ class Clips:
     """The model's: latent frames code ``1 + k * temporal_compression`` frames."""
     continuous: bool
     """Continuous latents (CV), not discrete tokens (DV)."""
+    posterior: bool = False
+    """The encoder gives a Gaussian posterior (a VAE), which loss.kl reads."""
 
 
 @dataclass

@@ -38,6 +38,12 @@ class Encoding(NamedTuple):
         """What downstream world models consume: the continuous latent, or the token indices."""
         return self.latent if self.indices is None else self.indices
 
+    def sample(self) -> Tensor:
+        """A sample of the posterior, ``mean + exp(logvar / 2) x noise`` (VAEs); the latent for the others."""
+        if self.mean is None or self.logvar is None:
+            return self.latent
+        return self.mean + torch.exp(0.5 * self.logvar) * torch.randn_like(self.mean)
+
     @property
     def posterior(self) -> Optional[tuple[Tensor, Tensor]]:
         """VAEs: ``(mean, logvar)`` of the Gaussian posterior over the latent; None for the others."""
@@ -214,6 +220,9 @@ class TokenizerFamily:
     """The inverse of ``config.to_dict()`` (a checkpoint's record of its network)."""
     width_of: Callable[[Mapping[str, Tensor], NetworkConfig], Optional[int]] = field(default=lambda state, cfg: None)
     """The base width (``channels``) a state dict's shapes give for a model of this family, or None."""
+    posterior: bool = False
+    """Whether its encoder gives a Gaussian posterior (a KL-VAE): ``loss.kl`` and ``model.sample_posterior`` need
+    one."""
     latent_stats: str = "per-frame"
     """The statistics its world models normalise continuous latents with: ``"per-frame"`` (Cosmos' ``mean_std.pt``:
     a mean and std per channel and latent frame of a 121-frame chunk); a family whose consumers read others (per

@@ -93,6 +93,10 @@ class ModelConfig:
     diffusion or autoregressive models trained on the original tokenizer stay valid."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters (model.lora.rank > 0 turns them on; only adapters then train)."""
+    sample_posterior: bool = False
+    """VAEs (the Wan families): decode a sample of the encoder's posterior while training (mean + std x noise,
+    as a VAE is trained), instead of its mean (what inference decodes). Validation decodes the mean either way.
+    Tokenizers without a posterior (Cosmos) refuse it at launch."""
     ema_decay: Optional[float] = None
     """Keep an exponential moving average of the weights with this decay (e.g. 0.999); it is
     used for validation and export."""

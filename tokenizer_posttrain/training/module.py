@@ -69,16 +69,6 @@ class TokenizerModel(pl.LightningModule):
     def loss(self) -> Loss:
         return self._loss[0]
 
-    @property
-    def loss_history(self) -> list[tuple[int, float]]:
-        """``(optimizer step, train/loss)`` of every logged step."""
-        return self.guard.loss_history
-
-    @property
-    def bad_steps(self) -> int:
-        """Optimizer steps skipped in a row so far for a NaN/Inf gradient norm (as far as read back)."""
-        return self.guard.nonfinite.in_a_row
-
     def _input(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         # Loaders give bf16; the weights' dtype lets autocast choose conv precision (bf16-true, fp32 alike).
         return batch[VIDEO].to(self.network.dtype), batch[LOSS_MASK]
@@ -89,9 +79,13 @@ class TokenizerModel(pl.LightningModule):
                 return self.network.encoding(video)
         return self.network.encoding(video)
 
+    def _decoded(self, encoding: Encoding) -> Tensor:
+        """What the decoder reads: a posterior sample with model.sample_posterior (training), else the latent."""
+        return encoding.sample() if self.model_config.sample_posterior and self.training else encoding.latent
+
     def _reconstruct_with_head_input(self, video: Tensor) -> tuple[Tensor, Tensor]:
         """The reconstruction, and the input of the decoder's last layer (the GAN stage's split step)."""
-        return self.network.decode_with_head_input(self._encoding(video).latent)
+        return self.network.decode_with_head_input(self._decoded(self._encoding(video)))
 
     def _extra_pass(self, clips: Tensor) -> NetworkOutput:
         """The network on the clips a loss term asked for (the continuous latents too; DV: pixels only)."""
@@ -110,7 +104,7 @@ class TokenizerModel(pl.LightningModule):
         """Forward of network and loss: the part ``model.compile`` compiles (as one graph, or in pieces)."""
         extras = self.loss.extra_passes(video, weights, self._extra_pass)  # none unless a term asks
         encoding = self._encoding(video)
-        reconstruction, _ = self.network.decode_with_head_input(encoding.latent)
+        reconstruction, _ = self.network.decode_with_head_input(self._decoded(encoding))
         terms = self._loss_call(StepContext(reconstruction, video, mask, Posterior.of(encoding), extras), weights)
         if self.adversarial is not None:  # the discriminator needs it, outside the compiled step
             terms = {**terms, RECONSTRUCTION: reconstruction}

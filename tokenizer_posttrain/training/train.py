@@ -20,7 +20,7 @@ from ..data.batch import PREFETCH
 from ..data.fake import SyntheticVideoDataModule, synthetic_clip
 from ..losses.loss import build_loss
 from ..losses.terms import Clips
-from ..network import VideoTokenizer, get_config
+from ..network import VideoTokenizer, family_of, get_config
 from .acceleration import ddp_strategy, resolve_compile, tensor_core_matmuls
 from .checkpointing import (
     AtomicCheckpointIO,
@@ -108,8 +108,14 @@ def resolve_parallelism(trainer: TrainerConfig, data: DataConfig) -> Parallelism
 
 
 def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
-    """Fail before launch when the clip shape cannot go through the tokenizer."""
+    """Fail before launch when the clip shape cannot go through the tokenizer (or when model.sample_posterior
+    asks a tokenizer without a posterior)."""
     cfg = get_config(model.model)
+    if model.sample_posterior and not family_of(cfg).posterior:
+        raise ValueError(
+            f"model.sample_posterior=true: {cfg.full_name} has no posterior to sample (only the VAE families do); "
+            "set model.sample_posterior=false"
+        )
     problems = cfg.clip_problems(data.frames, data.height, data.width, ("data.frames", "data.height", "data.width"))
     if problems:
         raise ValueError(f"the clip shape does not fit {cfg.name}: {'; '.join(problems)}")
@@ -139,7 +145,11 @@ def check_loss_clips(model: ModelConfig, data: DataConfig, loss: LossConfig) -> 
     loss.flow's frame sizes for RAFT."""
     cfg = get_config(model.model)
     clips = Clips(
-        data.frames, tuple(clip_sizes(data, cfg.spatial_compression)), cfg.temporal_compression, not cfg.is_discrete
+        data.frames,
+        tuple(clip_sizes(data, cfg.spatial_compression)),
+        cfg.temporal_compression,
+        not cfg.is_discrete,
+        family_of(cfg).posterior,
     )
     problems = loss.clip_problems(clips)
     if problems:
