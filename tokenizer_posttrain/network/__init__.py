@@ -2,7 +2,10 @@
 (:mod:`.cosmos`), LoRA adapters on any family's convolutions and the segment switches the training's speed
 settings steer. Nothing here knows about training, files or data."""
 
-from . import cosmos  # noqa: F401  (registers the Cosmos family)
+from . import (
+    cosmos,  # noqa: F401  (registers the Cosmos family)
+    wan21,  # noqa: F401  (registers the Wan2.1 family)
+)
 from .family import (
     FAMILIES,
     Encoding,

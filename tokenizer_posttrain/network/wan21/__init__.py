@@ -1,0 +1,79 @@
+"""The Wan2.1 family: the Wan2.1 video VAE (a KL autoencoder with causal 3D convolutions), its config and its
+official weights file (``Wan2.1_VAE.pth``, a plain state dict of tensors). Registered as the family ``wan21``;
+nothing outside this folder names its classes or submodules."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from torch import Tensor
+
+from ...core.errors import CheckpointError
+from ...core.untrusted import load_torch_file
+from ..family import NetworkConfig, TokenizerFamily, VideoTokenizer, register_family
+from .registry import FAMILY, PREFIXES, REGISTRY, WAN21_LATENT_MEAN, WAN21_LATENT_STD, Wan21Config, config_from_dict
+from .vae import Wan21VAE
+
+WEIGHTS_SUFFIX = ".pth"
+"""The official weights files' suffix (``Wan2.1_VAE.pth``; Cosmos-Predict2.5's ``tokenizer.pth`` too)."""
+SIGNATURE_KEYS = ("encoder.conv1.weight", "conv1.weight", "conv2.weight", "decoder.conv1.weight")
+"""Keys every Wan VAE state dict has: a ``.pth`` holding them is read as one."""
+
+
+def _build(config: NetworkConfig) -> VideoTokenizer:
+    assert isinstance(config, Wan21Config)
+    return Wan21VAE(config)
+
+
+def _width(state: Mapping[str, Tensor], config: NetworkConfig) -> int | None:
+    # The encoder's first convolution has `dim` outputs; the decoder's last norm has dim * dim_mult[0].
+    assert isinstance(config, Wan21Config)
+    if "encoder.conv1.weight" in state:
+        return int(state["encoder.conv1.weight"].shape[0])
+    if "decoder.head.0.gamma" in state:
+        return int(state["decoder.head.0.gamma"].shape[0]) // config.dim_mult[0]
+    return None
+
+
+def read_pth(path: Path) -> dict[str, Tensor] | None:
+    """The tensors of a Wan VAE ``.pth`` state dict (read weights-only: nothing in it runs), or None when
+    ``path`` is not a ``.pth`` file or holds another model's tensors. A ``.pth`` that is not a plain dict of
+    tensors raises a one-line :class:`CheckpointError` naming it."""
+    if path.suffix.lower() != WEIGHTS_SUFFIX or not path.is_file():
+        return None
+    content = load_torch_file(path)
+    if not isinstance(content, dict) or not all(
+        isinstance(k, str) and isinstance(v, Tensor) for k, v in content.items()
+    ):
+        raise CheckpointError(
+            f"{path} is not a state dict of tensors (a Wan VAE .pth holds one dict of parameter name -> tensor); "
+            "pass the VAE's weights file itself"
+        )
+    if not all(key in content for key in SIGNATURE_KEYS):
+        return None
+    return content
+
+
+WAN21 = register_family(
+    TokenizerFamily(
+        name=FAMILY,
+        configs=REGISTRY,
+        prefixes=PREFIXES,
+        build=_build,
+        config_from_dict=config_from_dict,
+        width_of=_width,
+        latent_stats="per-channel",
+        reader=read_pth,
+    )
+)
+
+__all__ = [
+    "REGISTRY",
+    "WAN21",
+    "WAN21_LATENT_MEAN",
+    "WAN21_LATENT_STD",
+    "Wan21Config",
+    "Wan21VAE",
+    "read_pth",
+]

@@ -1,0 +1,194 @@
+"""The Wan2.1 VAE: a causal 3D encoder (video -> posterior mean and log-variance), the decoder, and the network
+class the rest of the package reaches through :class:`~..family.VideoTokenizer`.
+
+The state dict is the official one key for key (``Wan2.1_VAE.pth`` loads strictly). Each clip goes through in one
+causal pass (see :mod:`.blocks` for why that is the official chunked encode and decode); no output is clamped, so
+training keeps its gradients at the edges of [-1, 1] (the official ``WanVAE.decode`` wrapper clamps afterwards,
+for display).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from ..family import Encoding, VideoTokenizer
+from ..segments import run_segment
+from .blocks import AttentionBlock, CausalConv3d, Resample, ResidualBlock, RMSNorm
+from .registry import Wan21Config
+
+
+def _to_memory_format(x: Tensor, memory_format: torch.memory_format) -> Tensor:
+    # The default layout adds no operation at all.
+    return x if memory_format == torch.contiguous_format else x.contiguous(memory_format=memory_format)
+
+
+class _Segmented(nn.Module):
+    """Runs its pieces through :func:`~..segments.run_segment`, steered by the training's speed switches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Speed and memory switches (see ..segments); not part of the state.
+        self.activation_checkpointing = False
+        self.segment_wrapper = None
+        self.memory_format = torch.contiguous_format
+
+    def _run(self, piece: nn.Module, x: Tensor) -> Tensor:
+        # Attention runs at the lowest resolution, where recomputing saves little (and Cosmos saw Inductor
+        # compute wrong values for checkpointed channels-last attention).
+        recompute = self.activation_checkpointing and not isinstance(piece, AttentionBlock)
+        out = run_segment(piece, x, recompute, self.segment_wrapper)
+        assert isinstance(out, Tensor)
+        return out
+
+    def _run_all(self, pieces: nn.Sequential, x: Tensor) -> Tensor:
+        for piece in pieces:
+            x = self._run(piece, x)
+        return x
+
+
+class Encoder3d(_Segmented):
+    """Video ``[B, 3, 1 + 4k, 8h, 8w]`` -> ``[B, 2 z_dim, 1 + k, h, w]`` (before the posterior's ``conv1``)."""
+
+    def __init__(self, cfg: Wan21Config) -> None:
+        super().__init__()
+        dims = [cfg.channels * m for m in (1, *cfg.dim_mult)]
+        self.conv1 = CausalConv3d(cfg.in_channels, dims[0], 3, padding=1)
+        blocks: list[nn.Module] = []
+        scale = 1.0
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:], strict=False)):
+            for _ in range(cfg.num_res_blocks):
+                blocks.append(ResidualBlock(in_dim, out_dim, cfg.dropout))
+                if scale in cfg.attn_scales:
+                    blocks.append(AttentionBlock(out_dim))
+                in_dim = out_dim
+            if i < len(cfg.dim_mult) - 1:
+                blocks.append(Resample(out_dim, up=False, temporal=cfg.temporal_downsample[i]))
+                scale /= 2.0
+        self.downsamples = nn.Sequential(*blocks)
+        width = dims[-1]
+        self.middle = nn.Sequential(
+            ResidualBlock(width, width, cfg.dropout), AttentionBlock(width), ResidualBlock(width, width, cfg.dropout)
+        )
+        self.head = nn.Sequential(RMSNorm(width), nn.SiLU(), CausalConv3d(width, 2 * cfg.z_dim, 3, padding=1))
+
+    def _stem(self, x: Tensor) -> Tensor:
+        return self.conv1(_to_memory_format(x, self.memory_format))
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = run_segment(self._stem, x, self.activation_checkpointing, self.segment_wrapper)
+        assert isinstance(out, Tensor)
+        out = self._run_all(self.downsamples, out)
+        out = self._run_all(self.middle, out)
+        return self._run(self.head, out)
+
+
+class Decoder3d(_Segmented):
+    """``[B, z_dim, 1 + k, h, w]`` (after ``conv2``) -> video ``[B, 3, 1 + 4k, 8h, 8w]``, unclamped."""
+
+    def __init__(self, cfg: Wan21Config) -> None:
+        super().__init__()
+        levels = len(cfg.dim_mult)
+        dims = [cfg.channels * m for m in (cfg.dim_mult[-1], *reversed(cfg.dim_mult))]
+        temporal_upsample = tuple(reversed(cfg.temporal_downsample))
+        scale = 1.0 / 2 ** (levels - 2)
+        width = dims[0]
+        self.conv1 = CausalConv3d(cfg.z_dim, width, 3, padding=1)
+        self.middle = nn.Sequential(
+            ResidualBlock(width, width, cfg.dropout), AttentionBlock(width), ResidualBlock(width, width, cfg.dropout)
+        )
+        blocks: list[nn.Module] = []
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:], strict=False)):
+            if i > 0:  # the upsampler before this level halved its width
+                in_dim //= 2
+            for _ in range(cfg.num_res_blocks + 1):
+                blocks.append(ResidualBlock(in_dim, out_dim, cfg.dropout))
+                if scale in cfg.attn_scales:
+                    blocks.append(AttentionBlock(out_dim))
+                in_dim = out_dim
+            if i < levels - 1:
+                blocks.append(Resample(out_dim, up=True, temporal=temporal_upsample[i]))
+                scale *= 2.0
+        self.upsamples = nn.Sequential(*blocks)
+        width = dims[-1]
+        self.head = nn.Sequential(RMSNorm(width), nn.SiLU(), CausalConv3d(width, cfg.in_channels, 3, padding=1))
+
+    def _stem(self, z: Tensor) -> Tensor:
+        return self.conv1(_to_memory_format(z, self.memory_format))
+
+    def head_input(self, h: Tensor) -> Tensor:
+        """What the last convolution (``head.2``) takes: the head's norm and activation of ``h``."""
+        return self.head[1](self.head[0](h))
+
+    def _head_and_input(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        head_input = self.head_input(h)
+        return self.head[2](head_input), head_input
+
+    def forward(self, z: Tensor, with_head_input: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """The video decoded from ``z``; with ``with_head_input``, also the input of the last convolution."""
+        h = run_segment(self._stem, z, self.activation_checkpointing, self.segment_wrapper)
+        assert isinstance(h, Tensor)
+        h = self._run_all(self.middle, h)
+        h = self._run_all(self.upsamples, h)
+        if with_head_input:
+            # The full-resolution activations: the widest of the decoder, worth recomputing.
+            out = run_segment(self._head_and_input, h, self.activation_checkpointing, self.segment_wrapper)
+            assert isinstance(out, tuple)
+            return out[0], out[1]
+        return self._run(self.head, h)
+
+
+class Wan21VAE(VideoTokenizer):
+    """The Wan2.1 video VAE (8x8 spatial, 4x temporal compression; clips of ``1 + 4k`` frames, sizes multiples
+    of 8), built from its config, with the official parameter names.
+
+    Its :class:`~..family.Encoding` holds the raw posterior mean (no per-channel normalisation: the world models'
+    constants are :data:`.registry.WAN21_LATENT_MEAN` and ``_STD``) and log-variance; :meth:`forward`
+    reconstructs from the mean.
+    """
+
+    family: ClassVar[str] = "wan21"
+    sides: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "encoder": ("encoder.", "conv1."),
+        "decoder": ("decoder.", "conv2."),
+    }
+    last_layer: ClassVar[str] = "decoder.head.2"
+    head: ClassVar[str] = "decoder.head.2"
+    # Every 3D convolution may be adapted (all are plain convolutions, causal padding aside, so adapters fold
+    # into their weights). The spatial resamplers' and the attention's convolutions are 2D: LoRA never adapts them.
+    lora_modules: ClassVar[tuple[str, ...]] = ("*",)
+
+    def __init__(self, config: Wan21Config) -> None:
+        super().__init__()
+        self.config = config
+        z = config.z_dim
+        # Registration order is the official state-dict order.
+        self.encoder = Encoder3d(config)
+        self.conv1 = CausalConv3d(2 * z, 2 * z, 1)
+        self.conv2 = CausalConv3d(z, z, 1)
+        self.decoder = Decoder3d(config)
+
+    def encoder_output(self, x: Tensor) -> Tensor:
+        """The posterior's mean and log-variance, stacked on the channels (``[B, 2 z_dim, t, h, w]``)."""
+        return self.conv1(self.encoder(x))
+
+    def encoding_of(self, z: Tensor) -> Encoding:
+        mean, logvar = z.chunk(2, dim=1)
+        return Encoding(mean, mean=mean, logvar=logvar)
+
+    def decode_unchecked(self, latent: Tensor) -> Tensor:
+        out = self.decoder(self.conv2(latent))
+        assert isinstance(out, Tensor)
+        return out
+
+    def decode_with_head_input(self, latent: Tensor) -> tuple[Tensor, Tensor]:
+        self.check_latent(latent)
+        out = self.decoder(self.conv2(latent), with_head_input=True)
+        assert isinstance(out, tuple)
+        return out
+
+    def apply_head(self, head_input: Tensor) -> Tensor:
+        return self.decoder.head[2](head_input)
