@@ -135,7 +135,9 @@ TOY = TokenizerFamily(
     prefixes=("Example-",),
     build=ToyAutoencoder,  # type: ignore[arg-type]
     config_from_dict=lambda data: ToyConfig(**data),
-    width_of=lambda state, cfg: int(state["encoder.0.weight"].shape[0]) if "encoder.0.weight" in state else None,
+    sizes_of=lambda state, cfg: {"channels": int(state["encoder.0.weight"].shape[0])}
+    if "encoder.0.weight" in state
+    else {},
     reader=read_toy,
     posterior=True,
 )

@@ -13,7 +13,15 @@ from ..evaluation.latent_stats import STATS_CLIPS, LatentStats
 from ..evaluation.report import card_sections, drift_warning, verdict
 from ..io.checkpoint import load_tokenizer, read_checkpoint
 from ..io.export import refuse_non_finite
-from ..io.formats import DEFAULT_FORMAT, FORMATS, ExportFormat, check_formats, formats_help, formats_metavar, placements
+from ..io.formats import (
+    FORMATS,
+    ExportFormat,
+    check_formats,
+    formats_help,
+    formats_metavar,
+    native_format,
+    placements,
+)
 from ..io.formats import parse_formats as _parse_formats
 from ..io.model_card import checkpoint_card
 from ..network import VideoTokenizer
@@ -69,6 +77,7 @@ def _refuse_overwriting(fmt: ExportFormat, chosen: tuple[str, ...], out: Path) -
 def _export(args: argparse.Namespace) -> int:
     checkpoint, out = Path(args.checkpoint), Path(args.out)
     network = load_tokenizer(checkpoint, ema=args.ema)
+    args.format = args.format or (native_format(network.config).name,)  # the model family's own format
     _check(network, args, out)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     stats = _latent_stats(network, args) if args.latent_stats else None
@@ -138,7 +147,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--format",
         type=parse_formats,
-        default=(DEFAULT_FORMAT,),
+        default=None,
         metavar=formats_metavar(),
         help=formats_help(),
     )

@@ -485,13 +485,14 @@ def read_weights(path: str | Path, ema: bool = False) -> Weights:
 
 
 def identify(state: dict[str, Tensor]) -> list[tuple[NetworkConfig, LayoutDiff]]:
-    """Every registered model of every family (at the width found in ``state``), closest layout first."""
+    """Every registered model of every family (at the sizes found in ``state``: its width...), closest layout
+    first."""
     results = []
     for family in FAMILIES.values():
         for base in family.configs.values():
-            width = family.width_of(state, base)
+            sizes = {k: v for k, v in family.sizes_of(state, base).items() if getattr(base, k) != v}
             try:
-                cfg = base.replace(channels=width) if width and width != base.channels else base
+                cfg = base.replace(**sizes) if sizes else base
             except ValueError:
                 continue
             results.append((cfg, diff_layout(state, expected_shapes(cfg))))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from torch import nn
+from torch import Tensor, nn
 
 from ..core.errors import ExportError
 from ..core.files import atomic_path
@@ -100,8 +100,33 @@ def export_tokenizer(
                 warnings.simplefilter("ignore")
                 _atomic_write(out / name, traced.save)
 
+    _write_weights(net, out, dtype)
+    return out
+
+
+def _write_weights(net: VideoTokenizer, out: Path, dtype: torch.dtype, pth: str | None = None) -> dict[str, Tensor]:
+    """``model.safetensors`` and ``config.json`` (our record of the network, which ``load_tokenizer`` reads) of the
+    prepared ``net`` into ``out``, and with ``pth`` the same tensors as a plain ``torch.save``d dict (the file
+    a family's own loader reads strictly); the state dict written."""
+    cfg = net.config
     state = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
+    if pth is not None:
+        # A plain dict of tensors: it loads with torch.load(weights_only=True), and our reader runs nothing in it.
+        _atomic_write(out / pth, lambda p: torch.save(state, p))
     _atomic_write(out / SAFETENSORS, lambda p: save_file(state, p, metadata={"model": cfg.full_name}))
     meta = {"model": cfg.full_name, "dtype": str(dtype).removeprefix("torch."), CONFIG_KEY: cfg.to_dict()}
     _atomic_write(out / CONFIG_JSON, lambda p: Path(p).write_text(json.dumps(meta, indent=2) + "\n"))
+    return state
+
+
+def export_state_dict(
+    network: VideoTokenizer, out_dir: str | Path, pth: str, dtype: torch.dtype = torch.float32
+) -> Path:
+    """Write ``pth`` (the network's state dict as a plain ``torch.save``d dict of tensors, in the family's official
+    key layout: what the Wan VAEs' own code and Cosmos-Predict2.5 load strictly), ``model.safetensors`` and
+    ``config.json`` into ``out_dir``; returns it. Copied, merged and refused as :func:`export_tokenizer` does."""
+    net = prepared_copy(network, out_dir, dtype)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_weights(net, out, dtype, pth)
     return out

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import ExportError
-from ..network import VideoTokenizer, family_of
+from ..network import FAMILIES, VideoTokenizer, family_of
 from ..network.family import NetworkConfig
 from .checkpoint import load_tokenizer
 from .diffusers_format import (
@@ -27,7 +27,7 @@ from .diffusers_format import (
     diffusers_config,
     write_diffusers,
 )
-from .export import export_tokenizer
+from .export import export_state_dict, export_tokenizer
 from .layout import CONFIG_JSON, JIT_AUTOENCODER, JIT_DECODER, JIT_ENCODER, SAFETENSORS
 
 Writer = Callable[[VideoTokenizer, Path, LatentMoments | None, torch.dtype], list[str]]
@@ -143,11 +143,43 @@ DIFFUSERS = ExportFormat(
     "config.json, which come from the latent statistics",
 )
 
-FORMATS: dict[str, ExportFormat] = {COSMOS.name: COSMOS, DIFFUSERS.name: DIFFUSERS}
-"""Every export format by name, in the order they are written (and named in the card and the messages)."""
+WAN21_PTH = "Wan2.1_VAE.pth"
+"""The name Wan gives the file; Cosmos-Predict2.5 ships the same dict as ``tokenizer.pth`` (any name loads)."""
+
+
+def _write_wan21(
+    network: VideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype
+) -> list[str]:
+    export_state_dict(network, folder, WAN21_PTH, dtype=dtype)
+    return [WAN21_PTH, SAFETENSORS, CONFIG_JSON]
+
+
+def _wan21_card(subfolder: str) -> str:
+    return (
+        f"Exported by tokenizer-posttrain in Wan's own layout: `{WAN21_PTH}` is the plain state dict that Wan2.1's "
+        "`WanVAE` and Cosmos-Predict2.5 / Transfer2.5 (as `tokenizer.pth`) load strictly; `model.safetensors` holds "
+        "the same weights."
+    )
+
+
+WAN21 = ExportFormat(
+    name="wan21",
+    what="Wan2.1 VAE export",
+    files=(WAN21_PTH, SAFETENSORS, CONFIG_JSON),
+    help=f"{WAN21_PTH} (the state dict Wan's code and Cosmos-Predict2.5 load), model.safetensors, config.json in "
+    "OUT: Wan2.1 VAE only",
+    card=_wan21_card,
+    write=_write_wan21,
+    found_in=lambda folder: (folder / WAN21_PTH).is_file(),
+    families=("wan21",),
+)
+
+FORMATS: dict[str, ExportFormat] = {COSMOS.name: COSMOS, WAN21.name: WAN21, DIFFUSERS.name: DIFFUSERS}
+"""Every export format by name, in the order they are written (and named in the card and the messages): each
+family's own format before the formats several families share."""
 DEFAULT_FORMAT = COSMOS.name
-"""What ``export`` writes without ``--format``, and what the posttrain workflow always writes (its evaluation
-reads it)."""
+"""The default family's own format. ``export`` without ``--format`` and the posttrain workflow write the model's
+(:func:`native_format`)."""
 
 
 def register_format(fmt: ExportFormat) -> ExportFormat:
@@ -210,19 +242,21 @@ def placements(names: Iterable[str]) -> list[tuple[ExportFormat, str]]:
 
 
 def formats_metavar() -> str:
-    """``--format``'s metavar: each value alone, then all of them (``cosmos|diffusers|cosmos,diffusers``)."""
-    names = list(FORMATS)
-    return "|".join([*names, ",".join(names)] if len(names) > 1 else names)
+    """``--format``'s metavar: a value, or several joined by commas (``{cosmos,wan21,diffusers}[,...]``)."""
+    return "{" + ",".join(FORMATS) + "}[,...]"
 
 
 def formats_help() -> str:
-    """``--format``'s help: each format's :attr:`~ExportFormat.help`, then where a format goes when written with
-    the default one."""
-    parts = [f"{fmt.name}{' (default)' if fmt.name == DEFAULT_FORMAT else ''}: {fmt.help}" for fmt in FORMATS.values()]
+    """``--format``'s help: the default, each format's :attr:`~ExportFormat.help`, then where a format goes when
+    written with a family's own one."""
+    natives = {family: _native(family) for family in FAMILIES}
+    own = [f"{fmt.name} for {family}" for family, fmt in natives.items() if fmt is not None]
+    parts = [f"default: the model family's own format ({', '.join(own)})"]
+    parts += [f"{fmt.name}: {fmt.help}" for fmt in FORMATS.values()]
     parts += [
-        f"{DEFAULT_FORMAT},{fmt.name}: both, the {fmt.what} in OUT/{fmt.subfolder}/"
+        f"with another: the {fmt.what} in OUT/{fmt.subfolder}/ (e.g. --format {DEFAULT_FORMAT},{fmt.name})"
         for fmt in FORMATS.values()
-        if fmt.name != DEFAULT_FORMAT and fmt.subfolder
+        if fmt.subfolder
     ]
     return "; ".join(parts)
 
@@ -231,11 +265,17 @@ def native_format(config: NetworkConfig) -> ExportFormat:
     """What a run's ``export/`` folder holds: the first format made for ``config``'s family (Cosmos: the official
     ``.jit`` layout), else the first that holds any family."""
     family = family_of(config).name
+    fmt = _native(family)
+    if fmt is None:
+        raise ExportError(f"no export format holds a {config.full_name} network (family {family})")
+    return fmt
+
+
+def _native(family: str) -> ExportFormat | None:
+    """The first format made for ``family``, else the first that holds any family (None: no format holds it)."""
     own = [fmt for fmt in FORMATS.values() if family in fmt.families]
     anyone = [fmt for fmt in FORMATS.values() if not fmt.families]
-    if not own and not anyone:
-        raise ExportError(f"no export format holds a {config.full_name} network (family {family})")
-    return (own or anyone)[0]
+    return (own or anyone or [None])[0]
 
 
 def write_native(network: VideoTokenizer, folder: Path, dtype: torch.dtype = torch.float32) -> Path:

@@ -218,8 +218,10 @@ class TokenizerFamily:
     """The network of a config, randomly initialised (build under ``torch.device("meta")`` for shapes only)."""
     config_from_dict: Callable[[dict[str, Any]], NetworkConfig]
     """The inverse of ``config.to_dict()`` (a checkpoint's record of its network)."""
-    width_of: Callable[[Mapping[str, Tensor], NetworkConfig], Optional[int]] = field(default=lambda state, cfg: None)
-    """The base width (``channels``) a state dict's shapes give for a model of this family, or None."""
+    sizes_of: Callable[[Mapping[str, Tensor], NetworkConfig], Mapping[str, Any]] = field(default=lambda state, cfg: {})
+    """The config fields a state dict's shapes give for a model of this family (its width ``channels``, and any
+    other size that differs between files, such as a VAE's latent channels): a file's model is built at those
+    sizes; empty when the shapes say nothing."""
     posterior: bool = False
     """Whether its encoder gives a Gaussian posterior (a KL-VAE): ``loss.kl`` and ``model.sample_posterior`` need
     one."""

@@ -43,10 +43,10 @@ from ..io.checkpoint import MODEL_FLAG, load_tokenizer, read_weights, resolve_co
 from ..io.diffusers_format import normalizes
 from ..io.export import CHUNK_FRAMES
 from ..io.formats import (
-    DEFAULT_FORMAT,
     FORMATS,
     check_formats,
     format_choices,
+    native_format,
     parse_formats,
     placements,
     unknown_formats,
@@ -346,14 +346,15 @@ def posttrain(
         OptimConfig(lr=rate)
     gan_start = steps // 2 if gan_start is None else gan_start
     gan_config(gan_weight, gan_start)  # bad GAN settings fail now, before any work
-    formats = formats or [DEFAULT_FORMAT]
-    unknown = sorted(unknown_formats(formats))
+    unknown = sorted(unknown_formats(formats or []))
     if unknown:
         raise UserError(f"--formats {' '.join(formats)}: unknown format {unknown[0]!r}; use {format_choices()}")
-    written = parse_formats([DEFAULT_FORMAT, *formats])  # the default is always written: the evaluation reads it
     if stats_clips is not None and stats_clips < 1:
         raise UserError(f"--stats-clips {stats_clips}: must be at least 1 (leave it out for the default)")
     config = resolve_config(read_weights(base), model, {}, MODEL_FLAG)
+    native = native_format(config).name  # the run's export writes it; the evaluation reads it
+    formats = formats or [native]
+    written = parse_formats([native, *formats])
     check_formats(formats, config)  # a network a chosen format cannot hold (diffusers: DV): before any work
     check_base_stats(
         config,
@@ -412,7 +413,7 @@ def posttrain(
     )
     timings["latent_stats"] = time.monotonic() - clock
     for fmt, subfolder in placements(written):
-        if fmt.name == DEFAULT_FORMAT:
+        if fmt.name == native:
             continue  # the training run's export wrote it
         fmt.write(load_tokenizer(export_dir), export_dir / subfolder, read_latent_stats(export_dir), torch.float32)
         print(f"{fmt.what}: {export_dir / subfolder}", flush=True)

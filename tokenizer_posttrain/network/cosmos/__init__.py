@@ -18,14 +18,14 @@ def _build(config: NetworkConfig) -> VideoTokenizer:
     return CausalVideoTokenizer(config)
 
 
-def _width(state: Mapping[str, Tensor], config: NetworkConfig) -> int | None:
+def _sizes(state: Mapping[str, Tensor], config: NetworkConfig) -> dict[str, int]:
     # The encoder's first convolution has `channels` outputs; a decoder alone shows it in its last norm.
     assert isinstance(config, TokenizerConfig)
     if "encoder.conv_in.0.conv3d.weight" in state:
-        return int(state["encoder.conv_in.0.conv3d.weight"].shape[0])
+        return {"channels": int(state["encoder.conv_in.0.conv3d.weight"].shape[0])}
     if "decoder.norm_out.norm.weight" in state:
-        return int(state["decoder.norm_out.norm.weight"].shape[0]) // config.channels_mult[0]
-    return None
+        return {"channels": int(state["decoder.norm_out.norm.weight"].shape[0]) // config.channels_mult[0]}
+    return {}
 
 
 def _official_modules(network: VideoTokenizer) -> dict[str, nn.Module]:
@@ -44,7 +44,7 @@ COSMOS = register_family(
         prefixes=PREFIXES,
         build=_build,
         config_from_dict=config_from_dict,
-        width_of=_width,
+        sizes_of=_sizes,
         official_modules=_official_modules,
     )
 )

@@ -26,14 +26,18 @@ def _build(config: NetworkConfig) -> VideoTokenizer:
     return Wan21VAE(config)
 
 
-def _width(state: Mapping[str, Tensor], config: NetworkConfig) -> int | None:
-    # The encoder's first convolution has `dim` outputs; the decoder's last norm has dim * dim_mult[0].
+def _sizes(state: Mapping[str, Tensor], config: NetworkConfig) -> dict[str, int]:
+    # The encoder's first convolution has `dim` outputs (the decoder's last norm dim * dim_mult[0]); conv2 maps
+    # the z_dim latent channels to themselves.
     assert isinstance(config, Wan21Config)
+    sizes = {}
     if "encoder.conv1.weight" in state:
-        return int(state["encoder.conv1.weight"].shape[0])
-    if "decoder.head.0.gamma" in state:
-        return int(state["decoder.head.0.gamma"].shape[0]) // config.dim_mult[0]
-    return None
+        sizes["channels"] = int(state["encoder.conv1.weight"].shape[0])
+    elif "decoder.head.0.gamma" in state:
+        sizes["channels"] = int(state["decoder.head.0.gamma"].shape[0]) // config.dim_mult[0]
+    if "conv2.weight" in state:
+        sizes["z_dim"] = int(state["conv2.weight"].shape[0])
+    return sizes
 
 
 def read_pth(path: Path) -> dict[str, Tensor] | None:
@@ -62,7 +66,8 @@ WAN21 = register_family(
         prefixes=PREFIXES,
         build=_build,
         config_from_dict=config_from_dict,
-        width_of=_width,
+        sizes_of=_sizes,
+        posterior=True,
         latent_stats="per-channel",
         reader=read_pth,
     )
