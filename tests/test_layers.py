@@ -118,16 +118,17 @@ def test_the_public_api_comes_from_the_package() -> None:
     assert set(api.__all__) >= {"build_tokenizer", "load_tokenizer", "export_tokenizer", "Encoding"}
 
 
-FAMILY_FOLDERS = ("tokenizer_posttrain.network.cosmos",)
+FAMILY_FOLDERS = ("tokenizer_posttrain.network.cosmos", "tokenizer_posttrain.network.wan21")
 """Each tokenizer family's folder: only its own modules name its classes and submodules."""
-COSMOS_FORMATS = {
+FAMILY_FORMATS = {
     "tokenizer_posttrain": "the public API hands on CausalVideoTokenizer, TokenizerConfig and REGISTRY",
     "tokenizer_posttrain.network": "imports the family folder to register it",
     "tokenizer_posttrain.io.config_json": "checks the fields of Cosmos' config.json (the cosmos export format)",
     "tokenizer_posttrain.io.diffusers_format": "maps Cosmos' keys to diffusers' AutoencoderKLCosmos (the diffusers "
     "format, a Cosmos-only entry of io/formats.py)",
+    "tokenizer_posttrain.io.wan_diffusers": "diffusers' AutoencoderKLWan folders take Wan2.1's latent constants",
 }
-"""Modules outside the family folder that may import it, and why: the Cosmos-only file formats and the API."""
+"""Modules outside a family folder that may import it, and why: a family's own file formats and the API."""
 COSMOS_PARTS = ("quant_conv", "post_quant_conv", "conv_out", "quantizer", "tail", "unpatcher3d", "patcher3d")
 """Submodules of Cosmos' network that the layers above must reach through the family seam instead."""
 
@@ -137,7 +138,7 @@ def family_leaks(source: str, module: str, is_package: bool = False) -> list[str
     if module.startswith(FAMILY_FOLDERS):
         return []
     found = []
-    if module not in COSMOS_FORMATS:
+    if module not in FAMILY_FORMATS:
         found += [
             f"{module}:{line} imports {target}"
             for line, target in imported_modules(source, module, is_package)

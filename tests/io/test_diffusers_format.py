@@ -275,7 +275,8 @@ def _tampered_folder(tmp_path: Path, tamper: Callable[[Path], None]) -> Path:
         (_edit_config(patch_type="rearrange"), r"patch_type='rearrange'; the Cosmos tokenizers patch with 'haar'"),
         (_edit_config(attention_resolutions=[64]), r"puts attention inside the levels at resolution \[64\]"),
         (_edit_config(temporal_compression_ratio=2), r"no Cosmos tokenizer compresses 2x8x8 with patch_size 4"),
-        (_edit_config(_class_name="AutoencoderKLWan"), r"describes a diffusers AutoencoderKLWan, not an Autoenc"),
+        # A Cosmos config that names diffusers' Wan class is read as a Wan folder, which it is not.
+        (_edit_config(_class_name="AutoencoderKLWan"), r"patch_size=4 is no Wan2.1 VAE's, the only AutoencoderKLWan"),
         (lambda f: (f / "config.json").write_text("{"),
          r"config.json is not valid JSON \(Expecting .* at line 1, column 2\); copy, download or export the folder"),
     ],

@@ -40,6 +40,7 @@ from .layout import (
     expected_shapes,
     load_safetensors,
 )
+from .wan_diffusers import is_wan_diffusers, read_wan_diffusers
 
 
 def _normalize_key(key: str) -> str:
@@ -53,6 +54,8 @@ def _read_jit(path: Path) -> dict[str, Tensor]:
 
 
 def _read_safetensors(path: Path) -> Weights:
+    if path.name == DIFFUSERS_WEIGHTS and is_wan_diffusers(path.parent):
+        return read_wan_diffusers(path.parent)
     if path.name == DIFFUSERS_WEIGHTS and diffusers_class(path.parent):
         return read_diffusers(path.parent)
     config = None
@@ -432,6 +435,8 @@ def read_weights(path: str | Path, ema: bool = False) -> Weights:
         own = _family_format(path, ema)
         if own is not None:
             return own
+        if is_wan_diffusers(path):
+            return read_wan_diffusers(path)
         if diffusers_class(path):  # our own exports' config.json has no _class_name
             return read_diffusers(path)
         for name in (JIT_AUTOENCODER, JIT_ENCODER, JIT_DECODER, SAFETENSORS):

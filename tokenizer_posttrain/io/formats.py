@@ -27,8 +27,9 @@ from .diffusers_format import (
     diffusers_config,
     write_diffusers,
 )
-from .export import export_state_dict, export_tokenizer
+from .export import export_state_dict, export_tokenizer, prepared_copy
 from .layout import CONFIG_JSON, JIT_AUTOENCODER, JIT_DECODER, JIT_ENCODER, SAFETENSORS
+from .wan_diffusers import WAN_DIFFUSERS_CLASS, write_wan_diffusers
 
 Writer = Callable[[VideoTokenizer, Path, LatentMoments | None, torch.dtype], list[str]]
 """``write(network, folder, stats, dtype)``: writes the format into ``folder``; the files written, relative to
@@ -95,21 +96,47 @@ def _cosmos_card(subfolder: str) -> str:
 def _write_diffusers(
     network: VideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype
 ) -> list[str]:
+    if family_of(network.config).name == "wan21":
+        return _write_wan_diffusers(network, folder, stats, dtype)
     write_diffusers(network, folder, stats, dtype=dtype)
     return [f"{CONFIG_JSON} ({DIFFUSERS_CLASS}, latents_mean/latents_std)", DIFFUSERS_WEIGHTS]
+
+
+def per_channel(stats: LatentMoments) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of latent statistics kept per channel and latent-frame position (``[C, T]``), each
+    position counted alike: what pipelines that normalise with one value per channel read."""
+    mean, std = stats.mean.detach().double().cpu(), stats.std.detach().double().cpu()
+    pooled = mean.mean(dim=1)
+    variance = (std.square() + mean.square()).mean(dim=1) - pooled.square()
+    return pooled.tolist(), variance.clamp_min(0).sqrt().tolist()
+
+
+def _write_wan_diffusers(
+    network: VideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype
+) -> list[str]:
+    if stats is None:
+        raise ExportError(f"not writing {folder}: a diffusers AutoencoderKLWan folder needs the latent statistics")
+    net = prepared_copy(network, folder, dtype)
+    mean, std = per_channel(stats)
+    cfg = net.config
+    written = write_wan_diffusers(net.state_dict(), cfg.channels, cfg.latent_dim, folder, mean, std, dtype)
+    return [
+        f"{name} ({WAN_DIFFUSERS_CLASS}, latents_mean/latents_std)" if name == CONFIG_JSON else name for name in written
+    ]
 
 
 def _diffusers_card(subfolder: str) -> str:
     where = f"`{subfolder}/` holds them" if subfolder else "Exported by tokenizer-posttrain"
     return (
-        f"{where} as a diffusers `{DIFFUSERS_CLASS}` folder, which `{DIFFUSERS_CLASS}.from_pretrained` loads and "
-        "a diffusers Cosmos pipeline takes as its `vae`; its `config.json` holds the latent statistics "
-        "(`latents_mean`, `latents_std`)."
+        f"{where} as a diffusers folder (`{DIFFUSERS_CLASS}` for Cosmos, `{WAN_DIFFUSERS_CLASS}` for the Wan2.1 VAE), "
+        "which the class's `from_pretrained` loads and a diffusers pipeline takes as its `vae`; its `config.json` "
+        "holds the latent statistics (`latents_mean`, `latents_std`)."
     )
 
 
 def _check_diffusers(config: NetworkConfig) -> None:
-    diffusers_config(config)  # ExportError: DV, or another network diffusers cannot build
+    if family_of(config).name == "cosmos":
+        diffusers_config(config)  # ExportError: DV, or another network diffusers cannot build
 
 
 _COSMOS_FILES = (JIT_ENCODER, JIT_DECODER, JIT_AUTOENCODER, SAFETENSORS, CONFIG_JSON)
@@ -129,15 +156,15 @@ DIFFUSERS = ExportFormat(
     name="diffusers",
     what="diffusers folder",
     files=(CONFIG_JSON, DIFFUSERS_WEIGHTS),
-    help="an AutoencoderKLCosmos folder in OUT (config.json with latents_mean/latents_std, "
-    "diffusion_pytorch_model.safetensors) that diffusers' from_pretrained loads and Cosmos pipelines take as "
-    "their vae: CV only, needs --latent-stats",
+    help="a diffusers folder in OUT (AutoencoderKLCosmos for Cosmos CV models, AutoencoderKLWan for the Wan2.1 "
+    "VAE: config.json with latents_mean/latents_std, diffusion_pytorch_model.safetensors) that from_pretrained "
+    "loads and the pipelines take as their vae; needs --latent-stats",
     card=_diffusers_card,
     write=_write_diffusers,
     # diffusers_class raises for a diffusers folder whose config.json is damaged: never overwritten unseen.
     found_in=lambda folder: bool(diffusers_class(folder)),
     check=_check_diffusers,
-    families=("cosmos",),
+    families=("cosmos", "wan21"),
     subfolder=PIPELINE_SUBFOLDER,
     needs_stats="diffusers' Cosmos pipelines normalize latents with the latents_mean/latents_std of the vae's "
     "config.json, which come from the latent statistics",
@@ -147,9 +174,7 @@ WAN21_PTH = "Wan2.1_VAE.pth"
 """The name Wan gives the file; Cosmos-Predict2.5 ships the same dict as ``tokenizer.pth`` (any name loads)."""
 
 
-def _write_wan21(
-    network: VideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype
-) -> list[str]:
+def _write_wan21(network: VideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype) -> list[str]:
     export_state_dict(network, folder, WAN21_PTH, dtype=dtype)
     return [WAN21_PTH, SAFETENSORS, CONFIG_JSON]
 

@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from ..core.errors import CheckpointError, ExportError
+from ..network.wan21 import WAN21_LATENT_MEAN, WAN21_LATENT_STD
 from .config_json import MAX_LATENT, MAX_WIDTH, read_config_json, shown
 from .diffusers_format import DIFFUSERS_WEIGHTS, diffusers_class
 from .export import _atomic_write
@@ -59,16 +60,8 @@ _WAN21_ONLY: dict[str, Any] = {
 """Fields later diffusers releases added for Wan2.2 that a Wan2.1 VAE has at these values (their defaults)."""
 _WAN22_UNSET: dict[str, Any] = {"decoder_base_dim": None, "is_residual": False, "patch_size": None}
 """Fields that Wan2.2's VAE sets (to 256, true and 2) and a Wan2.1 VAE leaves unset."""
-WAN21_LATENTS_MEAN = (
-    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
-)  # fmt: skip
-"""The official Wan2.1 VAE's per-channel latent means (Wan's ``WanVAE`` and diffusers' default ``latents_mean``)."""
-WAN21_LATENTS_STD = (
-    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
-)  # fmt: skip
-"""The official Wan2.1 VAE's per-channel latent stds (diffusers' default ``latents_std``)."""
+WAN21_LATENTS_MEAN, WAN21_LATENTS_STD = WAN21_LATENT_MEAN, WAN21_LATENT_STD
+"""The official Wan2.1 VAE's per-channel latent statistics: diffusers' default ``latents_mean``/``latents_std``."""
 _FIX = "copy, download or export the folder again"
 
 Shape = tuple[int, ...]
@@ -303,7 +296,7 @@ def _wan21_config(folder: Path) -> tuple[int, int, dict[str, Any]]:
     # Wan2.2's VAE sets these (true, 2, 256); a Wan2.1 one leaves them null, false or out (or its own width).
     unset = {"is_residual": (None, False), "patch_size": (None,), "decoder_base_dim": (None, data.get("base_dim", 96))}
     wan22 = [f"{k}={shown(data[k])}" for k, values in unset.items() if data.get(k, None) not in values]
-    if wan22:
+    if data.get("is_residual") is True or data.get("patch_size") == 2:
         raise CheckpointError(
             f"{meta} describes a Wan2.2 VAE ({', '.join(wan22)}, z_dim={shown(data.get('z_dim'))}), which "
             "tokenizer-posttrain does not support yet: only Wan2.1 VAEs (Wan2.1, Wan2.2-A14B, Cosmos-Predict2.5) load"
@@ -314,6 +307,9 @@ def _wan21_config(folder: Path) -> tuple[int, int, dict[str, Any]]:
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
             raise CheckpointError(f"{meta}: {name}={shown(value)} is not an integer from 1 to {high}; {_FIX}")
         dims.append(value)
+    if wan22:  # another architecture that only names the class
+        only = f"the only {WAN_DIFFUSERS_CLASS} read here"
+        raise CheckpointError(f"{meta}: {wan22[0]} is no Wan2.1 VAE's, {only}; {_FIX}")
     for name, wan21 in {**_ARCHITECTURE, **_WAN21_ONLY}.items():
         if name in data and data[name] != wan21:
             raise CheckpointError(
