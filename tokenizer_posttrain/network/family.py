@@ -218,6 +218,8 @@ class TokenizerFamily:
     """The network of a config, randomly initialised (build under ``torch.device("meta")`` for shapes only)."""
     config_from_dict: Callable[[dict[str, Any]], NetworkConfig]
     """The inverse of ``config.to_dict()`` (a checkpoint's record of its network)."""
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """Other spellings of its model names (``Wan2.1_VAE``, as Wan names the file) -> registry key."""
     sizes_of: Callable[[Mapping[str, Tensor], NetworkConfig], Mapping[str, Any]] = field(default=lambda state, cfg: {})
     """The config fields a state dict's shapes give for a model of this family (its width ``channels``, and any
     other size that differs between files, such as a VAE's latent channels): a file's model is built at those
@@ -243,6 +245,7 @@ class TokenizerFamily:
         for prefix in self.prefixes:
             if short.startswith(prefix):
                 short = short[len(prefix) :]
+        short = self.aliases.get(short, short)
         return short if short in self.configs else None
 
 

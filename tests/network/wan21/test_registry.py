@@ -15,7 +15,7 @@ from tokenizer_posttrain.network import FAMILIES, build_tokenizer, config_from_d
 from tokenizer_posttrain.network.wan21 import WAN21_LATENT_MEAN, WAN21_LATENT_STD, Wan21VAE, read_pth
 
 
-@pytest.mark.parametrize("name", ["Wan2.1-VAE", "Wan-AI/Wan2.1-VAE", " Wan2.1-VAE/"])
+@pytest.mark.parametrize("name", ["Wan2.1-VAE", "Wan-AI/Wan2.1-VAE", " Wan2.1-VAE/", "Wan2.1_VAE"])
 def test_the_names_resolve_to_the_family(name: str) -> None:
     family, short = resolve(name)
     assert (family.name, short) == ("wan21", "Wan2.1-VAE")

@@ -64,6 +64,7 @@ WAN21 = register_family(
         name=FAMILY,
         configs=REGISTRY,
         prefixes=PREFIXES,
+        aliases={"Wan2.1_VAE": "Wan2.1-VAE"},
         build=_build,
         config_from_dict=config_from_dict,
         sizes_of=_sizes,
