@@ -122,3 +122,31 @@ def test_a_folder_of_the_other_format_is_not_overwritten(tmp_path: Path, capsys:
         err = capsys.readouterr().err
         assert refused in err and err.count("\n") == 1, err
         assert len(list(out.iterdir())) == 1  # nothing written
+
+
+def test_export_of_a_wan_vae_writes_the_predict25_files_and_the_shift_from_the_constants(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tests.evaluation.wan_base import tiny_wan_pth
+    from tokenizer_posttrain.evaluation.latent_stats import read_latent_stats
+
+    base = tiny_wan_pth(tmp_path / "base")
+    data = write_energon_dataset(tmp_path / "data", {f"v{i}": encode_video(5, 16, 16, seed=i) for i in range(2)})
+    out = tmp_path / "out"
+    stats = ["--latent-stats", str(data), "--stats-clips", "2", "--stats-frames", "5", "--stats-size", "16"]
+    # Without statistics a diffusers folder of an encoder that may have trained is refused, before any work.
+    assert main(["export", "--checkpoint", str(base), "--out", str(out), "--format", "wan21,diffusers"]) == 1
+    assert "--format diffusers needs --latent-stats DATA" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", str(base), "--out", str(out), "--format", "wan21,diffusers", *stats]) == 0
+    printed = capsys.readouterr().out
+    assert "latent statistics against the base's per-channel constants: largest mean offset" in printed
+    assert {"Wan2.1_VAE.pth", "video_mean_std.pt", "images_mean_std.pt", "README.md"} <= {p.name for p in out.iterdir()}
+    assert not (out / "mean_std.pt").exists() and not (out / "vae" / "video_mean_std.pt").exists()
+    measured = read_latent_stats(out, load_tokenizer(base).config)
+    assert measured is not None and measured.mean.shape == (16, 32)
+    # diffusers' latents_mean/latents_std: the measured statistics pooled per channel.
+    config = json.loads((out / "vae" / "config.json").read_text())
+    assert config["latents_mean"][3] == pytest.approx(measured.mean[3].mean().item(), abs=1e-5)
+    card = (out / "README.md").read_text()
+    assert "## Latent statistics against the base" in card and "per-channel constants" in card
+    assert "| latent statistics | measured on 2 clips of" in card and "`load_mean_std=True`" in card

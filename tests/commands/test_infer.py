@@ -156,3 +156,20 @@ def test_a_turned_input_is_reconstructed_upright(tmp_path: Path, capsys: pytest.
     video = infer.read_video(source)
     stored = infer.read_video(out)  # written upright, without a matrix
     assert video.frames.shape == stored.frames.shape == (9, 48, 32, 3) and stored.orientation.is_identity
+
+
+def test_a_wan_vae_reconstructs_encodes_and_decodes_in_tiles(tmp_path: Path) -> None:
+    from tests.evaluation.wan_base import tiny_wan_pth
+
+    ckpt = tiny_wan_pth(tmp_path / "wan")
+    source = write_video(tmp_path / "in.mp4", 7, 24, 32, fps=10)
+    out, latents, decoded = tmp_path / "rec.mp4", tmp_path / "l.safetensors", tmp_path / "dec.mp4"
+    tiles = ["--tile", "16", "--tile-overlap", "8"]
+    options = ["--checkpoint", ckpt, "--input", source, "--window", "5", *tiles]
+    assert run_infer("reconstruct", *options, "--output", out) == 0
+    assert probe(out) == (7, 24, 32, 10)
+    assert run_infer("encode", *options, "--output", latents) == 0
+    with safe_open(str(latents), framework="pt") as f:
+        assert f.metadata()["model"] == "Wan2.1-VAE" and f.get_tensor("latent").shape == (2, 16, 2, 3, 4)
+    assert run_infer("decode", "--checkpoint", ckpt, "--input", latents, "--output", decoded, *tiles) == 0
+    assert probe(decoded) == (7, 24, 32, 10)

@@ -196,3 +196,22 @@ def test_bad_options_raise_clear_errors(nets: dict) -> None:
 
 
 # -- the command line ------------------------------------------------------------------------
+
+
+def test_wan_windows_of_1_plus_4k_frames_and_tiles() -> None:
+    from tests.evaluation.wan_base import tiny_wan
+
+    network = tiny_wan()
+    video = frames_array(11, 20, 28)
+    # Windows of 5 frames re-reading 1: 1 + 4k, as the 4x temporal compression asks; sizes cropped back.
+    assert inference.reconstruct(network, video, inference.Options(window=5, context=1)).shape == (11, 20, 28, 3)
+    with pytest.raises(ValueError, match=r"window=6 is not 1\+4k frames for Wan2.1-VAE \(use 5 or 9\)"):
+        inference.check_options(network, inference.Options(window=6))
+    # Encode in tiles (the posterior's moments blended), decode in tiles: the video's size again, and with
+    # disjoint whole-frame windows, what reconstruct gives.
+    tiled = inference.encode(network, video, inference.Options(window=5, tile=16, tile_overlap=8))
+    assert tiled["latent"].shape == (3, 16, 2, 3, 4)
+    assert inference.decode(network, tiled, tile=16, tile_overlap=8).shape == (11, 20, 28, 3)
+    whole = inference.decode(network, inference.encode(network, video, inference.Options(window=5)))
+    direct = inference.reconstruct(network, video, inference.Options(window=5, context=0))
+    assert (whole.int() - direct.int()).abs().max() <= 1

@@ -8,16 +8,25 @@ import pytest
 import torch
 
 from tests.conftest import reference_weights
+from tests.evaluation.wan_base import tiny_wan
 from tests.videos import encode_video, write_energon_dataset
 from tokenizer_posttrain.__main__ import main
 from tokenizer_posttrain.core.errors import CheckpointError
 from tokenizer_posttrain.evaluation.latent_stats import (
+    IMAGES_MEAN_STD,
+    MEAN_STD,
+    VIDEO_MEAN_STD,
     LatentStats,
     Moments,
+    base_latent_stats,
+    carry_base_stats,
     copy_latent_stats,
+    kept_base_stats,
+    latent_statistics,
     read_latent_stats,
 )
 from tokenizer_posttrain.io.checkpoint import load_tokenizer
+from tokenizer_posttrain.network.wan21 import WAN21_LATENT_MEAN, WAN21_LATENT_STD
 
 
 def test_moments_merged_batch_by_batch_equal_those_of_all_values_at_once() -> None:
@@ -208,3 +217,60 @@ def test_empty_statistics_are_refused_in_one_line(tmp_path: Path) -> None:
     torch.save((torch.zeros(0), torch.zeros(0)), tmp_path / "mean_std.pt")
     with pytest.raises(CheckpointError, match=r"mean_std\.pt holds empty statistics"):
         read_latent_stats(tmp_path)
+
+
+# -- the Wan2.1 VAE: per-channel constants, and Cosmos-Predict2.5's files on top of them -----------------------
+
+
+def _wan_clips(count: int, frames: int = 5, size: int = 16) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.rand(3, frames, size, size, generator=generator) * 2 - 1 for _ in range(count)]
+
+
+def test_wan_statistics_are_the_predict25_files_relative_to_the_constants(tmp_path: Path) -> None:
+    network = tiny_wan()
+    clips = _wan_clips(3)
+    stats = latent_statistics(network, clips, max_clips=3)
+    # Per channel and latent frame, 32 positions (two measured), of the posterior mean itself.
+    assert stats.kind == "per-channel" and stats.mean.shape == (16, 32) and stats.measured_positions == 2
+    written = stats.write(tmp_path)
+    assert [p.name for p in written] == [VIDEO_MEAN_STD, IMAGES_MEAN_STD] and not (tmp_path / MEAN_STD).exists()
+    # Loaded as Cosmos-Predict2.5's Wan2pt1VAEInterface does: a (mean, std) pair, reshaped to [1, 16, 32, 1, 1]
+    # (images: [1, 16, 1, 1, 1]) and applied to the latent the hard-coded constants normalised first.
+    video_mean, video_std = (t.reshape(1, 16, 32, 1, 1) for t in torch.load(written[0], weights_only=True))
+    image_mean, image_std = (t.reshape(1, 16, 1, 1, 1) for t in torch.load(written[1], weights_only=True))
+    constant_mean, constant_std = (torch.tensor(c).view(1, 16, 1, 1, 1) for c in (WAN21_LATENT_MEAN, WAN21_LATENT_STD))
+    with torch.no_grad():
+        latents = torch.cat([network.latent(clip[None]) for clip in clips])
+        images = torch.cat([network.latent(clip[None, :, :1]) for clip in clips])
+    frames = latents.shape[2]
+    normalised = ((latents - constant_mean) / constant_std - video_mean[:, :, :frames]) / video_std[:, :, :frames]
+    assert normalised.mean(dim=(0, 3, 4)).abs().max() < 1e-4
+    assert (normalised.std(dim=(0, 3, 4), unbiased=False) - 1).abs().max() < 1e-4
+    image = ((images - constant_mean) / constant_std - image_mean) / image_std
+    assert image.mean(dim=(0, 3, 4)).abs().max() < 1e-4
+    # Read back as statistics of the latent itself; without the model's config, the Cosmos files are looked for.
+    again = read_latent_stats(tmp_path, network.config)
+    assert again is not None and torch.allclose(again.mean, stats.mean, atol=1e-5)
+    assert torch.allclose(again.image_std, stats.image_std, atol=1e-6)
+    assert read_latent_stats(tmp_path) is None
+
+
+def test_a_decoder_only_wan_run_keeps_the_constants_and_copies_files_the_base_has(tmp_path: Path) -> None:
+    config = tiny_wan().config
+    kept = base_latent_stats(config)
+    assert kept is not None and kept.mean.shape == (16, 32)
+    assert torch.equal(kept.mean[:, 7], torch.tensor(WAN21_LATENT_MEAN)) and kept.clips == 0
+    assert "stay exact" in (kept_base_stats("decoder", config) or "") and kept_base_stats("all", config) is None
+    # The constants written as files are the identity Predict2.5 uses without files: zeros and ones.
+    mean, std = torch.load(kept.write(tmp_path)[0], weights_only=True)
+    assert mean.abs().max() < 1e-6 and (std - 1).abs().max() < 1e-6
+    out = tmp_path / "out"
+    out.mkdir()
+    assert [p.name for p in carry_base_stats("decoder", tmp_path / "Wan2.1_VAE.pth", out, config)] == [
+        VIDEO_MEAN_STD,
+        IMAGES_MEAN_STD,
+    ]
+    assert carry_base_stats("all", tmp_path, tmp_path / "elsewhere", config) == []
+    # A test model of another latent width has no constants: nothing hard-codes them.
+    assert base_latent_stats(config.replace(z_dim=4)) is None

@@ -49,3 +49,10 @@ def test_metrics_are_rounded_and_the_run_is_described() -> None:
     assert "13.651138305664062" not in card
     assert "| steps | 40 |" in card and "| learning rate | 0.001 (cosine schedule, 2 warmup steps) |" in card
     assert "| latent drift (limit 0.05) | - | 0.3431 |" in card and "On 8 held-out clips of 1 video." in card
+
+
+def test_the_latent_statistics_row_says_what_the_export_normalizes_with() -> None:
+    kept = "the encoder did not train: the base's 16 per-channel latent constants ... stay exact (nothing measured)"
+    card = model_card(Path("run/last.ckpt"), {"model": "Wan2.1-VAE"}, None, ema=False, latent_stats=kept)
+    assert f"| latent statistics | {kept} |" in card
+    assert "latent statistics" not in model_card(Path("run/last.ckpt"), {"model": "Wan2.1-VAE"}, None, ema=False)

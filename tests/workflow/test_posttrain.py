@@ -402,3 +402,50 @@ def test_the_statistics_clips_follow_the_run() -> None:
     # Before: 400 clips whatever the run (15 minutes on a CPU after 0.9 minutes of training).
     assert default_stats_clips(40, 2) == 20  # the CPU example: a quarter of the 80 training clips
     assert default_stats_clips(10, 1) == 16 and default_stats_clips(2000, 1) == 400  # at least 16, at most 400
+
+
+@pytest.fixture(scope="module")
+def wan_base_and_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny Wan2.1 VAE saved as Wan ships it (a .pth state dict) and a small dataset of real clips, two to
+    train on and one held out; read only."""
+    from tests.evaluation.wan_base import tiny_wan_pth
+
+    folder = tmp_path_factory.mktemp("wan")
+    train = {f"v{i}": encode_video(9, 32, 32, seed=i) for i in range(2)}
+    data = write_energon_dataset(folder / "data", train, {"held": encode_video(9, 32, 32, seed=7)})
+    return tiny_wan_pth(folder / "base"), data
+
+
+def test_posttrain_on_a_wan_base_measures_the_statistics_and_their_shift_from_the_constants(
+    tmp_path: Path, wan_base_and_data: tuple[Path, Path]
+) -> None:
+    from tokenizer_posttrain.workflow.posttrain import posttrain as run_posttrain
+
+    base, data = wan_base_and_data
+    options = dict(steps=1, frames=9, size=32, num_workers=0, accelerator="cpu", eval_clips=2, stats_clips=2)
+    summary = run_posttrain(
+        str(base), str(data), str(tmp_path / "run"), formats=["wan21", "diffusers"], allow_worse=True, **options
+    )
+    export = tmp_path / "run" / "export"
+    assert {"Wan2.1_VAE.pth", "video_mean_std.pt", "images_mean_std.pt"} <= {p.name for p in export.iterdir()}
+    assert (export / "vae" / "diffusion_pytorch_model.safetensors").is_file()
+    # The baseline, the training, the evaluation (drift on the posterior mean) and the shift, per channel.
+    assert summary["latent_stats"] == "computed from 2 training clips" and summary["latent_drift"] > 0
+    shift = summary["latent_stats_shift"]
+    assert shift["reference"] == "constants" and [c["channel"] for c in shift["channels"]] == list(range(16))
+    card = (export / "README.md").read_text()
+    assert "## Latent statistics against the base" in card and "hard-codes and no file changes" in card
+    assert "| latent statistics | computed from 2 training clips; `video_mean_std.pt` and" in card
+
+
+def test_a_decoder_only_wan_run_keeps_the_base_constants_and_measures_nothing(
+    tmp_path: Path, wan_base_and_data: tuple[Path, Path], capsys: pytest.CaptureFixture
+) -> None:
+    from tokenizer_posttrain.workflow.posttrain import write_latent_stats
+
+    base, data = wan_base_and_data
+    config = load_tokenizer(base).config
+    clip = {"frames": 9, "size": 32, "resize_short_side": None}
+    done = write_latent_stats(config, "decoder", str(base), data, tmp_path, 2, clip, workers=0)
+    assert done.startswith("the encoder did not train: the base's 16 per-channel latent constants")
+    assert "stay exact (nothing measured)" in capsys.readouterr().out and not list(tmp_path.iterdir())

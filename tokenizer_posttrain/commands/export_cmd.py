@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import CommandError
+from ..evaluation.latent_shift import shift_from_base, shift_line, shift_markdown
 from ..evaluation.latent_stats import STATS_CLIPS, LatentStats
 from ..evaluation.report import card_sections, drift_warning, verdict
 from ..io.checkpoint import load_tokenizer, read_checkpoint
@@ -25,6 +26,7 @@ from ..io.formats import (
 from ..io.formats import parse_formats as _parse_formats
 from ..io.model_card import checkpoint_card
 from ..network import VideoTokenizer
+from ..network.family import NetworkConfig
 from .guard import run_guarded
 
 
@@ -42,12 +44,13 @@ def run(args: argparse.Namespace) -> int:
     return run_guarded(lambda: _export(args))
 
 
-def _check(network: VideoTokenizer, args: argparse.Namespace, out: Path) -> None:
-    """Every refusal, before anything is written (or the latent statistics are computed)."""
+def _check(network: VideoTokenizer, args: argparse.Namespace, out: Path, kept: LatentStats | None) -> None:
+    """Every refusal, before anything is written (or the latent statistics are computed). ``kept``: the base's
+    constants a decoder-only run keeps (:func:`_kept_stats`), which a format that needs statistics can take."""
     refuse_non_finite(network, out)
     check_formats(args.format, network.config)  # ExportError: a format its family lacks, or one that refuses it
     for fmt, subfolder in placements(args.format):
-        if fmt.needs_stats and not args.latent_stats:
+        if fmt.needs_stats and not args.latent_stats and kept is None:
             raise CommandError(f"--format {fmt.name} needs --latent-stats DATA: {fmt.needs_stats}")
         if not subfolder:
             _refuse_overwriting(fmt, args.format, out)
@@ -77,21 +80,36 @@ def _refuse_overwriting(fmt: ExportFormat, chosen: tuple[str, ...], out: Path) -
 def _export(args: argparse.Namespace) -> int:
     checkpoint, out = Path(args.checkpoint), Path(args.out)
     network = load_tokenizer(checkpoint, ema=args.ema)
-    args.format = args.format or (native_format(network.config).name,)  # the model family's own format
-    _check(network, args, out)
+    config = network.config
+    native = native_format(config).name
+    args.format = args.format or (native,)  # the model family's own format
+    model = _run_model(checkpoint)
+    kept = _kept_stats(model, network)
+    _check(network, args, out, kept)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     stats = _latent_stats(network, args) if args.latent_stats else None
+    shift = shift_from_base(stats, config, model.get("jit_ckpt_pth")) if stats is not None else None
+    if shift is not None:
+        print(shift_line(shift), flush=True)
     files: list[str] = []
+    carried: list[Path] = []
     for fmt, subfolder in placements(args.format):
         prefix = f"{subfolder}/" if subfolder else ""
-        files += [prefix + name for name in fmt.write(network, out / subfolder, stats, dtype)]
-        if fmt.stats_beside and stats is not None:
+        files += [prefix + name for name in fmt.write(network, out / subfolder, stats or kept, dtype)]
+        # Beside the family's own format too: the Wan VAE's Predict2.5 files go beside its .pth.
+        if not (fmt.stats_beside or fmt.name == native):
+            continue
+        if stats is not None:
             files += [prefix + p.name for p in stats.write(out / subfolder)]
-        elif fmt.stats_beside and not network.is_discrete:
-            files += [prefix + p.name for p in _carried_stats(checkpoint, out / subfolder)]
+        elif not network.is_discrete:
+            carried = _carried_stats(model, config, out / subfolder)
+            files += [prefix + p.name for p in carried]
     results_path = Path(args.results) if args.results else checkpoint.parent.parent / "eval" / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else None
     judged = verdict(results) if results else None
+    sections = card_sections(results) if results else []
+    if shift is not None and not (results or {}).get("latent_stats_shift"):
+        sections += shift_markdown(shift)
     card = checkpoint_card(
         checkpoint,
         network.config.full_name,
@@ -99,23 +117,56 @@ def _export(args: argparse.Namespace) -> int:
         args.ema,
         verdict=judged.line if judged else None,
         formats=args.format,
-        sections=card_sections(results) if results else None,
+        sections=sections or None,
         channels=network.config.channels,
         drift=drift_warning(results) if results else None,
+        latent_stats=_stats_line(network, stats, kept, carried, args.latent_stats),
     )
     (out / "README.md").write_text(card)
     print(f"exported {network.config.full_name} to {out} ({', '.join([*files, 'README.md'])})")
     return 0
 
 
-def _carried_stats(checkpoint: Path, out: Path) -> list[Path]:
-    """The base's statistics, copied when the checkpoint's run trained only the decoder (latents unchanged)."""
+def _run_model(checkpoint: Path) -> dict:
+    """The ``model`` settings of the run a training checkpoint comes from (empty for other files)."""
+    if checkpoint.suffix != ".ckpt":
+        return {}
+    return (read_checkpoint(checkpoint, mmap=True).get("hyper_parameters") or {}).get("model") or {}
+
+
+def _kept_stats(model: dict, network: VideoTokenizer) -> LatentStats | None:
+    """The base's hard-coded constants, when the checkpoint's run trained only the decoder of a family that has
+    them: still exact (the latents did not move), and what a diffusers config then holds."""
+    from ..evaluation.latent_stats import base_latent_stats, kept_base_stats
+
+    if kept_base_stats(model.get("trainable", "all"), network.config) is None:
+        return None
+    return base_latent_stats(network.config)
+
+
+def _carried_stats(model: dict, config: NetworkConfig, out: Path) -> list[Path]:
+    """The base's statistics files, copied when the checkpoint's run trained only the decoder (latents
+    unchanged)."""
     from ..evaluation.latent_stats import carry_base_stats
 
-    if checkpoint.suffix != ".ckpt":
-        return []
-    model = (read_checkpoint(checkpoint, mmap=True).get("hyper_parameters") or {}).get("model") or {}
-    return carry_base_stats(model.get("trainable", "all"), model.get("jit_ckpt_pth"), out)
+    return carry_base_stats(model.get("trainable", "all"), model.get("jit_ckpt_pth"), out, config)
+
+
+def _stats_line(
+    network: VideoTokenizer, stats: LatentStats | None, kept: LatentStats | None, carried: list[Path], data: str | None
+) -> str | None:
+    """The model card's row on the latent statistics (None for a discrete tokenizer)."""
+    from ..evaluation.latent_stats import files_note, kept_base_stats
+
+    if network.is_discrete:
+        return None
+    if stats is not None:
+        return f"measured on {stats.clips} clips of `{data}`; {files_note(network.config)}"
+    if carried:
+        return f"{', '.join(f'`{p.name}`' for p in carried)} copied from the base (the encoder did not train)"
+    if kept is not None:
+        return kept_base_stats("decoder", network.config)
+    return "none written (export --latent-stats DATA computes them)"
 
 
 def _latent_stats(network: VideoTokenizer, args: argparse.Namespace) -> LatentStats:
@@ -165,8 +216,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--latent-stats",
         metavar="DATA",
-        help="energon dataset to compute the latent statistics (mean_std.pt, image_mean_std.pt; with --format "
-        "diffusers latents_mean/latents_std) from; CV only",
+        help="energon dataset to compute the latent statistics from: Cosmos CV mean_std.pt and image_mean_std.pt, "
+        "the Wan2.1 VAE Cosmos-Predict2.5's video_mean_std.pt and images_mean_std.pt (relative to its hard-coded "
+        "constants, whose shift is printed and put in the model card); with --format diffusers its "
+        "latents_mean/latents_std; continuous tokenizers only (a decoder-only Wan run keeps the base's constants)",
     )
     parser.add_argument(
         "--stats-clips", type=int, default=STATS_CLIPS, help="clips encoded for the latent statistics (passes repeat)"

@@ -2,8 +2,9 @@
 
 Clips are deterministic (middle frames, centre crop), so model and baseline see the same pixels. Per clip: PSNR on
 uint8 frames, SSIM, a VGG16 perceptual distance (when the weights file is there), temporal flicker; for DV, codebook
-usage and perplexity; with a baseline, how far latents (CV) or tokens (DV) moved. Arguments are plain strings and
-numbers, so :func:`evaluate` can be wrapped as a NeMo-Run ``Partial``. :mod:`.report` writes the files.
+usage and perplexity; with a baseline, how far latents (continuous: a VAE's posterior mean) or tokens (DV) moved.
+Arguments are plain strings and numbers, so :func:`evaluate` can be wrapped as a NeMo-Run ``Partial``.
+:mod:`.report` writes the files.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..losses.perceptual import VGG16_FILE, VGG16_URL, PerceptualLoss, find_vgg1
 from ..network import VideoTokenizer
 from .clips import held_out_clips, video_fps
 from .inference import DTYPES
-from .latent_shift import stats_shift
+from .latent_shift import shift_from_base
 from .latent_stats import read_latent_stats
 from .media import to_frames, to_uint8
 from .metrics import clip_psnr, clip_ssim, codebook_stats, latent_drift, temporal_flicker, token_flip_rate
@@ -78,8 +79,13 @@ class _Side:
         means: dict[str, float | None] = {k: (sum(v) / len(v) if v else None) for k, v in self.per_clip.items()}
         if self.codes is not None:
             means["codebook_usage"], means["perplexity"] = codebook_stats(self.codes)
-        info = {"checkpoint": self.checkpoint, "name": self.config.name, "kind": self.config.kind}
+        info = {"checkpoint": self.checkpoint, "name": self.config.name, "kind": _kind(self.config)}
         return info, means
+
+
+def _kind(config: Any) -> str:
+    """``CV``/``DV`` for Cosmos models, ``continuous``/``discrete`` for families without such a name."""
+    return getattr(config, "kind", None) or ("discrete" if config.is_discrete else "continuous")
 
 
 def _perceptual(vgg_weights: str | None, device: str, notes: dict[str, str]) -> PerceptualLoss | None:
@@ -110,7 +116,7 @@ def _select(ranked: list[int], count: int) -> list[tuple[str, int, int]]:
 def _compare(sides: dict[str, _Side], latent: Tensor, base: Tensor, notes: dict[str, str]) -> tuple[str | None, float]:
     """(metric name, value) of how far the model's latent or tokens moved from the baseline's on one clip."""
     model, reference = sides["model"].config, sides["baseline"].config
-    if model.kind != reference.kind or latent.shape != base.shape:
+    if _kind(model) != _kind(reference) or latent.shape != base.shape:
         notes["comparison"] = (
             f"model ({model.name}) and baseline ({reference.name}) latents differ in kind or shape: drift not measured"
         )
@@ -237,9 +243,11 @@ def evaluate(
         "notes": notes,
     }
     if baseline is not None and not sides["model"].config.is_discrete:
-        new, old = read_latent_stats(checkpoint), read_latent_stats(baseline)
-        if new is not None and old is not None:
-            results["latent_stats_shift"] = stats_shift(new, old)
+        # Against what the base's world models normalize with: its files, or its family's hard-coded constants.
+        new = read_latent_stats(checkpoint, sides["model"].config)
+        shift = shift_from_base(new, sides["baseline"].config, baseline) if new is not None else None
+        if shift is not None:
+            results["latent_stats_shift"] = shift
     ranked = sorted(range(len(keys)), key=lambda i: -psnr[i])
     labels = ["input", *(["baseline"] if baseline is not None else []), "post-trained"]
     chosen = _select(ranked, videos_per_side)

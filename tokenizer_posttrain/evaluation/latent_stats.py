@@ -1,9 +1,22 @@
-"""Latent statistics of a continuous tokenizer, in the files Cosmos world models normalize latents with.
+"""Latent statistics of a continuous tokenizer, in the files its world models normalize latents with.
 
-``mean_std.pt`` holds ``(mean, std)``, each ``[C, T]``: per latent channel and latent-frame position of a clip
-(the first latent frame of a causal tokenizer codes one frame alone, so its statistics differ). A consumer
-reads them with ``view(C, -1)[:, :T]`` and uses ``(latent - mean) / std``. ``image_mean_std.pt`` holds the
-per-channel ``(mean, std)`` ``[C]`` of single-frame latents, for the image path of the same models.
+The family's :attr:`~..network.TokenizerFamily.latent_stats` kind says which files (:data:`STATS_FILES`):
+
+- ``per-frame`` (Cosmos): ``mean_std.pt`` holds ``(mean, std)``, each ``[C, T]``: per latent channel and
+  latent-frame position of a clip (the first latent frame of a causal tokenizer codes one frame alone, so its
+  statistics differ). A consumer reads them with ``view(C, -1)[:, :T]`` and uses ``(latent - mean) / std``.
+  ``image_mean_std.pt`` holds the per-channel ``(mean, std)`` ``[C]`` of single-frame latents, for the image path
+  of the same models.
+- ``per-channel`` (the Wan VAEs): the consumers normalise with the base's hard-coded per-channel constants
+  (:attr:`~..network.TokenizerFamily.latent_constants`), which no file changes. Cosmos-Predict2.5's
+  ``Wan2pt1VAEInterface`` (``load_mean_std=True``) then normalises the result a second time with
+  ``video_mean_std.pt``, a ``(mean, std)`` pair it reshapes to ``[1, C, 32, 1, 1]`` and slices to the clip's latent
+  frames, and, for single frames, ``images_mean_std.pt``, reshaped to ``[1, C, 1, 1, 1]``; both are looked up
+  beside its ``mean_std.pt`` path (the name replaced). Those files therefore hold the statistics of
+  ``(latent - constant mean) / constant std``, written here in exactly those shapes.
+
+:class:`LatentStats` always holds the statistics of the latent itself (a VAE's posterior mean); only the files
+hold the normalised ones.
 """
 
 from __future__ import annotations
@@ -13,7 +26,7 @@ import itertools
 import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,6 +38,7 @@ from ..core.progress import progress as progress_report
 from ..core.untrusted import load_torch_file
 from ..io.export import CHUNK_FRAMES
 from ..network import VideoTokenizer, family_of
+from ..network.family import NetworkConfig
 from .clips import open_clips
 
 Accelerate = Callable[[VideoTokenizer], Callable[[Tensor], Tensor]]
@@ -33,9 +47,101 @@ commands: this layer sits below it)."""
 
 MEAN_STD = "mean_std.pt"
 IMAGE_MEAN_STD = "image_mean_std.pt"
+VIDEO_MEAN_STD = "video_mean_std.pt"
+"""Cosmos-Predict2.5's per channel and latent-frame statistics of a Wan latent normalised by the constants."""
+IMAGES_MEAN_STD = "images_mean_std.pt"
+"""Cosmos-Predict2.5's per-channel statistics of a single-frame Wan latent normalised by the constants."""
+PREDICT25_POSITIONS = 32
+"""Latent frames ``video_mean_std.pt`` covers: Cosmos-Predict2.5 reshapes it to ``[1, 16, 32, 1, 1]``."""
+PER_FRAME = "per-frame"
+"""Statistics per latent channel and latent frame, read as they are (Cosmos' ``mean_std.pt``)."""
+PER_CHANNEL = "per-channel"
+"""Consumers that normalise with the base's per-channel constants, and may read files on top (the Wan VAEs)."""
 STATS_CLIPS = 400
 """Default clips for the statistics: two seeds then agree to 1% (median over channels and latent positions of the
 mean and std differences, in units of the std; docs/benchmarks.md)."""
+
+
+@dataclass(frozen=True)
+class StatsFiles:
+    """The files of one kind of latent statistics (a :attr:`~..network.TokenizerFamily.latent_stats` value)."""
+
+    video: str
+    """The ``(mean, std)`` per channel and latent-frame position."""
+    image: str
+    """The ``(mean, std)`` per channel of single-frame latents."""
+    positions: Callable[[NetworkConfig], int]
+    """The latent-frame positions the video file covers, for a model of this config."""
+    normalized: bool = False
+    """Whether the files hold the statistics of the latent normalised by the family's constants (what a consumer
+    that applies the constants first divides by next), rather than of the latent itself."""
+    consumer_shape: bool = False
+    """Whether the tensors are stored as the consumer broadcasts them, ``[1, C, T, 1, 1]`` and ``[1, C, 1, 1, 1]``,
+    rather than ``[C, T]`` and ``[C]``."""
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return self.video, self.image
+
+
+STATS_FILES: dict[str, StatsFiles] = {
+    PER_FRAME: StatsFiles(MEAN_STD, IMAGE_MEAN_STD, positions=lambda cfg: cfg.latent_frames(CHUNK_FRAMES)),
+    PER_CHANNEL: StatsFiles(
+        VIDEO_MEAN_STD,
+        IMAGES_MEAN_STD,
+        positions=lambda cfg: PREDICT25_POSITIONS,
+        normalized=True,
+        consumer_shape=True,
+    ),
+}
+"""Kind of latent statistics -> the files its consumers read."""
+
+
+def stats_kind(config: NetworkConfig | None) -> str:
+    """The kind of latent statistics a model of ``config`` has (None: ``per-frame``, the files of the first
+    family and of every folder written before there were families)."""
+    return PER_FRAME if config is None else family_of(config).latent_stats
+
+
+def stats_files(config: NetworkConfig | None) -> StatsFiles:
+    """The files the latent statistics of a model of ``config`` go to (None: ``per-frame``)."""
+    kind = stats_kind(config)
+    if kind not in STATS_FILES:
+        raise EvaluationError(
+            f"{config.name if config else 'this model'}: its world models read {kind} latent statistics, which this "
+            f"version does not compute (only {', '.join(STATS_FILES)} ones); export without latent statistics"
+        )
+    return STATS_FILES[kind]
+
+
+def latent_constants(config: NetworkConfig | None) -> tuple[Tensor, Tensor] | None:
+    """The base's per-channel ``(mean, std)`` that consumers of ``config``'s family hard-code, as ``[C]`` float
+    tensors; None when its family has none, or when ``config``'s latent has another number of channels (a test
+    model of another ``z_dim``: nothing hard-codes its constants)."""
+    constants = None if config is None else family_of(config).latent_constants
+    if constants is None or len(constants[0]) != config.latent_dim:
+        return None
+    mean, std = constants
+    return torch.tensor(mean, dtype=torch.float32), torch.tensor(std, dtype=torch.float32)
+
+
+def base_latent_stats(config: NetworkConfig) -> LatentStats | None:
+    """The statistics the base's hard-coded constants stand for, the same at every latent position (what a
+    decoder-only run keeps, and what a retrained encoder's are compared with); None without constants."""
+    constants = latent_constants(config)
+    if constants is None:
+        return None
+    mean, std = constants
+    positions = stats_files(config).positions(config)
+    return LatentStats(
+        mean[:, None].expand(-1, positions).clone(),
+        std[:, None].expand(-1, positions).clone(),
+        mean.clone(),
+        std.clone(),
+        clips=0,
+        kind=stats_kind(config),
+        constants=constants,
+    )
 
 
 class Moments:
@@ -104,7 +210,8 @@ class Moments:
 
 @dataclass
 class LatentStats:
-    """Per channel and latent-frame position (``mean``/``std`` ``[C, T]``) and of single frames (``[C]``)."""
+    """Of the latent itself: per channel and latent-frame position (``mean``/``std`` ``[C, T]``) and of single
+    frames (``[C]``); ``kind`` and ``constants`` say how :meth:`write` stores them."""
 
     mean: Tensor
     std: Tensor
@@ -113,14 +220,35 @@ class LatentStats:
     clips: int
     measured_positions: int | None = None
     """Latent frames measured from clips; positions past them carry pooled statistics (None: all measured)."""
+    kind: str = PER_FRAME
+    """The family's kind of statistics (:data:`STATS_FILES`): which files :meth:`write` writes."""
+    constants: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
+    """The family's per-channel constants (:func:`latent_constants`), which files of a ``normalized`` kind are
+    taken relative to."""
+
+    def file_pairs(self) -> dict[str, tuple[Tensor, Tensor]]:
+        """File name -> the ``(mean, std)`` pair it holds, as the kind's consumers read it."""
+        files = STATS_FILES[self.kind]
+        video, image = (self.mean, self.std), (self.image_mean, self.image_std)
+        if files.normalized and self.constants is not None:
+            mean, std = self.constants
+            video = ((video[0] - mean[:, None]) / std[:, None], video[1] / std[:, None])
+            image = ((image[0] - mean) / std, image[1] / std)
+        if files.consumer_shape:
+            channels = self.mean.shape[0]
+            video = tuple(t.reshape(1, channels, -1, 1, 1) for t in video)
+            image = tuple(t.reshape(1, channels, 1, 1, 1) for t in image)
+        return {files.video: video, files.image: image}
 
     def write(self, folder: str | Path) -> list[Path]:
-        """``mean_std.pt`` and ``image_mean_std.pt`` in ``folder`` (plain tensor tuples: load with weights_only)."""
+        """The kind's two files in ``folder`` (``mean_std.pt`` and ``image_mean_std.pt`` for Cosmos,
+        ``video_mean_std.pt`` and ``images_mean_std.pt`` for the Wan VAEs): plain tuples of two float32 tensors,
+        which load with weights_only."""
         written = []
-        for name, pair in ((MEAN_STD, (self.mean, self.std)), (IMAGE_MEAN_STD, (self.image_mean, self.image_std))):
+        for name, pair in self.file_pairs().items():
             path = Path(folder) / name
             with atomic_path(path) as tmp:
-                torch.save(tuple(t.contiguous() for t in pair), tmp)
+                torch.save(tuple(t.float().contiguous() for t in pair), tmp)
             written.append(path)
         return written
 
@@ -139,8 +267,9 @@ def latent_statistics(
 ) -> LatentStats:
     """Encode up to ``max_clips`` clips (``[3, T, H, W]`` in [-1, 1], one shape) and their first frames, and
     return the latent statistics. ``dtype`` is the encoder's compute dtype (bf16 on GPUs: inference speed).
-    ``positions``: latent frames the statistics must cover (default: those of a :data:`CHUNK_FRAMES` chunk);
-    clips shorter than that chunk leave the later positions to :meth:`Moments.extended`. ``progress`` shows the
+    ``positions``: latent frames the statistics must cover (default: those the family's files cover,
+    :attr:`StatsFiles.positions`: for Cosmos a :data:`CHUNK_FRAMES` chunk's); clips shorter than that leave the
+    later positions to :meth:`Moments.extended`. ``progress`` shows the
     clips done with clips/s on stdout: a bar in a terminal, lines in a log file (:mod:`~..core.progress`).
     ``accelerate`` gives the ``encode`` to run (e.g. compiled, on GPUs)."""
     if network.is_discrete:
@@ -148,12 +277,7 @@ def latent_statistics(
             f"{network.config.name} is a discrete tokenizer: world models read its token indices, which have no "
             "latent statistics (none are written)"
         )
-    kind = family_of(network.config).latent_stats
-    if kind != PER_FRAME:
-        raise EvaluationError(
-            f"{network.config.name}: its world models read {kind} latent statistics, which this version does not "
-            f"compute (only {PER_FRAME} ones, as Cosmos world models read); export without latent statistics"
-        )
+    files = stats_files(network.config)
     # A copy: a cast of the caller's network to bf16 would round the weights it goes on to export.
     net = copy.deepcopy(network).to(device, dtype).eval()
     encode = accelerate(net) if accelerate is not None else net.latent
@@ -182,15 +306,23 @@ def latent_statistics(
             bar.update(seen)
     if seen == 0:
         raise EvaluationError("no usable clip for the latent statistics (see the skipped videos above)")
-    wanted = positions or network.config.latent_frames(CHUNK_FRAMES)
+    wanted = positions or files.positions(network.config)
     mean, std = video.extended(wanted)
+    mean, std = mean[:, :wanted], std[:, :wanted]  # clips longer than the files cover: the first positions
     image_mean, image_std = image.mean_std()
     measured = video.mean.shape[1] if video.mean is not None else 0
-    return LatentStats(mean, std, image_mean, image_std, seen, measured if measured < wanted else None)
+    return LatentStats(
+        mean,
+        std,
+        image_mean,
+        image_std,
+        seen,
+        measured if measured < wanted else None,
+        kind=stats_kind(network.config),
+        constants=latent_constants(network.config),
+    )
 
 
-PER_FRAME = "per-frame"
-"""The statistics computed here: a mean and std per latent channel and latent frame (Cosmos' ``mean_std.pt``)."""
 _PASSES = 1_000_000
 """Passes over the dataset one seed may make: pass ``n`` of seed ``s`` draws from ``s * _PASSES + n``, so no two
 seeds share a draw."""
@@ -283,12 +415,15 @@ def dataset_latent_stats(
     return stats
 
 
-def read_latent_stats(checkpoint: str | Path) -> LatentStats | None:
-    """The statistics beside ``checkpoint`` (a tokenizer folder, or a file in one): ``mean_std.pt``, and
-    ``image_mean_std.pt`` when there, loaded weights-only as ``[C, T]`` and ``[C]``; None when there is no
-    ``mean_std.pt``. A file that is not a pair of tensors raises a one-line :class:`CheckpointError`."""
+def read_latent_stats(checkpoint: str | Path, config: NetworkConfig | None = None) -> LatentStats | None:
+    """The statistics beside ``checkpoint`` (a tokenizer folder, or a file in one) of a model of ``config`` (None:
+    Cosmos' ``per-frame`` files): the kind's video file, and its image file when there, loaded weights-only as
+    ``[C, T]`` and ``[C]`` statistics of the latent itself (files of normalised latents are taken back through
+    the constants); None when there is no video file. A file that is not a pair of tensors raises a one-line
+    :class:`CheckpointError`."""
     folder = stats_folder(checkpoint)
-    if not (folder / MEAN_STD).is_file():
+    files = stats_files(config)
+    if not (folder / files.video).is_file():
         return None
 
     def pair(name: str) -> tuple[Tensor, Tensor]:
@@ -302,11 +437,26 @@ def read_latent_stats(checkpoint: str | Path) -> LatentStats | None:
             raise CheckpointError(f"{folder / name} holds empty statistics: compute them again or remove the file")
         return mean, std
 
-    mean, std = pair(MEAN_STD)
+    mean, std = pair(files.video)
+    if files.consumer_shape and mean.dim() == 5:  # [1, C, T, 1, 1]
+        mean, std = mean[0, :, :, 0, 0], std[0, :, :, 0, 0]
     channels = mean.shape[0] if mean.dim() > 0 else 1
     mean, std = mean.reshape(channels, -1), std.reshape(channels, -1)
-    image_mean, image_std = pair(IMAGE_MEAN_STD) if (folder / IMAGE_MEAN_STD).is_file() else (mean[:, 0], std[:, 0])
-    return LatentStats(mean, std, image_mean.reshape(-1), image_std.reshape(-1), clips=0)
+    if (folder / files.image).is_file():
+        image_mean, image_std = (t.reshape(-1) for t in pair(files.image))
+    else:
+        image_mean, image_std = mean[:, 0], std[:, 0]
+    kind, constants = stats_kind(config), latent_constants(config)
+    if files.normalized and constants is not None:
+        if mean.shape[0] != constants[0].shape[0]:
+            raise CheckpointError(
+                f"{folder / files.video} holds statistics of {mean.shape[0]} latent channels, but "
+                f"{config.name if config else 'the model'} has {constants[0].shape[0]}"
+            )
+        base_mean, base_std = constants
+        mean, std = mean * base_std[:, None] + base_mean[:, None], std * base_std[:, None]
+        image_mean, image_std = image_mean * base_std + base_mean, image_std * base_std
+    return LatentStats(mean, std, image_mean, image_std, clips=0, kind=kind, constants=constants)
 
 
 def stats_folder(checkpoint: str | Path) -> Path:
@@ -315,11 +465,12 @@ def stats_folder(checkpoint: str | Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def copy_latent_stats(source: str | Path, out: str | Path) -> list[Path]:
-    """Copy the statistics files of the folder ``source`` into ``out`` unchanged (a tokenizer whose encoder did
-    not train keeps its latent space, so the base's statistics stay exact); returns the copies."""
+def copy_latent_stats(source: str | Path, out: str | Path, config: NetworkConfig | None = None) -> list[Path]:
+    """Copy the statistics files of a model of ``config`` (None: Cosmos' ``per-frame`` ones) from the folder
+    ``source`` into ``out`` unchanged (a tokenizer whose encoder did not train keeps its latent space, so the
+    base's statistics stay exact); returns the copies."""
     copied = []
-    for name in (MEAN_STD, IMAGE_MEAN_STD):
+    for name in stats_files(config).names:
         if (Path(source) / name).is_file():
             with atomic_path(Path(out) / name) as tmp:
                 shutil.copyfile(Path(source) / name, tmp)
@@ -327,10 +478,36 @@ def copy_latent_stats(source: str | Path, out: str | Path) -> list[Path]:
     return copied
 
 
-def carry_base_stats(trainable: str, base: str | Path | None, out: str | Path) -> list[Path]:
-    """Copy the base's statistics into the export ``out`` when only the decoder trained (``trainable``
-    ``decoder``: the latent space did not move) and the base's folder has them; returns the copies (none
-    otherwise)."""
-    if trainable != "decoder" or not base or read_latent_stats(base) is None:
+def carry_base_stats(
+    trainable: str, base: str | Path | None, out: str | Path, config: NetworkConfig | None = None
+) -> list[Path]:
+    """Copy the base's statistics files (those of ``config``'s kind, None: ``per-frame``) into the export ``out``
+    when only the decoder trained (``trainable`` ``decoder``: the latent space did not move) and the base's folder
+    has them; returns the copies (none otherwise)."""
+    if trainable != "decoder" or not base or read_latent_stats(base, config) is None:
         return []
-    return copy_latent_stats(stats_folder(base), out)
+    return copy_latent_stats(stats_folder(base), out, config)
+
+
+def files_note(config: NetworkConfig) -> str:
+    """Where the statistics files of ``config``'s kind go and who reads them (the model card's row ends with it)."""
+    files = stats_files(config)
+    names = f"`{files.video}` and `{files.image}`"
+    if files.normalized and latent_constants(config) is not None:
+        return (
+            f"{names} hold those of the latent normalised by the base's constants, as Cosmos-Predict2.5 reads them "
+            "(`load_mean_std=True`: looked up beside its `mean_std_path`)"
+        )
+    return f"in {names}"
+
+
+def kept_base_stats(trainable: str, config: NetworkConfig) -> str | None:
+    """What a decoder-only run of a family with hard-coded constants keeps, in one line (None otherwise): its
+    latent space did not move, so the constants every consumer normalises with stay exact and nothing is
+    measured."""
+    if trainable != "decoder" or latent_constants(config) is None:
+        return None
+    return (
+        f"the encoder did not train: the base's {config.latent_dim} per-channel latent constants, which "
+        f"the {family_of(config).name} family's consumers hard-code, stay exact (nothing measured)"
+    )

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..io.model_card import COMPARISONS, METRICS
-from .latent_shift import shift_markdown
+from .latent_shift import CONSTANTS, shift_markdown
 from .media import labelled_panels, write_mp4
 
 RESULTS_JSON = "results.json"
@@ -380,7 +380,8 @@ def card_sections(results: dict[str, Any]) -> list[str]:
     if not shift:
         return []
     if shift["max_abs_mean_offset"] == 0 and shift["max_std_change"] == 0:
-        return ["## Latent statistics against the base", "", "Identical to the base's (`mean_std.pt`).", ""]
+        what = "per-channel constants" if shift.get("reference") == CONSTANTS else "statistics (`mean_std.pt`)"
+        return ["## Latent statistics against the base", "", f"Identical to the base's {what}.", ""]
     return shift_markdown(shift)
 
 

@@ -67,6 +67,7 @@ def model_card(
     formats: tuple[str, ...] = (DEFAULT_FORMAT,),
     sections: list[str] | None = None,
     drift: str | None = None,
+    latent_stats: str | None = None,
 ) -> str:
     """The README.md written next to the exported files; ``verdict`` (how it compares with its base, e.g.
     ``WORSE than the base: PSNR 6.34 -> 5.92 dB ...``) goes above everything else, then ``drift`` (a latent drift
@@ -74,7 +75,8 @@ def model_card(
     ``formats``: the export formats written (names of :data:`~.formats.FORMATS`: ``cosmos``, ``diffusers``;
     with both, the diffusers folder is ``vae/``). ``info``: ``model`` (its name), optionally ``channels`` (its
     width), ``global_step`` and a training checkpoint's ``hyper_parameters`` (base, what trained, data, learning
-    rate)."""
+    rate). ``latent_stats``: what the export's latent statistics are (measured on which clips, copied from the
+    base, or the base's hard-coded constants kept by a decoder-only run), a row of the table."""
     hp = info.get("hyper_parameters") or {}
     model, data, optim = hp.get("model") or {}, hp.get("data") or {}, hp.get("optim") or {}
     channels = info.get("channels", model.get("channels"))
@@ -100,6 +102,7 @@ def model_card(
         f"| steps | {info.get('global_step')} |",
         *([f"| learning rate | {lr:g}{schedule} |"] if isinstance(lr, int | float) else []),
         f"| weights | {'EMA average' if ema else 'last'} from `{checkpoint}` |",
+        *([f"| latent statistics | {latent_stats} |"] if latent_stats else []),
     ]
     if results:
         lines += ["", "## Last evaluation", ""]
@@ -133,12 +136,13 @@ def checkpoint_card(
     sections: list[str] | None = None,
     channels: int | None = None,
     drift: str | None = None,
+    latent_stats: str | None = None,
 ) -> str:
     """The model card of weights exported from ``checkpoint``: base model, what trained, data and clip, steps and
     learning rate are read from a training checkpoint's hyperparameters (``global_step`` overrides its step: an
     export made at the end of a run can be newer than its last checkpoint; ``channels``, the model's width,
     overrides theirs). The one path the export command and the posttrain workflow share. ``verdict``,
-    ``formats``, ``sections`` and ``drift``: see :func:`model_card`."""
+    ``formats``, ``sections``, ``drift`` and ``latent_stats``: see :func:`model_card`."""
     info: dict[str, Any] = {"model": model}
     if checkpoint.suffix == ".ckpt" and checkpoint.is_file():
         ckpt = read_checkpoint(checkpoint, mmap=True)
@@ -147,4 +151,4 @@ def checkpoint_card(
         info["global_step"] = global_step
     if channels is not None:
         info["channels"] = channels
-    return model_card(checkpoint, info, results, ema, verdict, formats, sections, drift)
+    return model_card(checkpoint, info, results, ema, verdict, formats, sections, drift, latent_stats)

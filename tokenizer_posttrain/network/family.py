@@ -231,6 +231,10 @@ class TokenizerFamily:
     """The statistics its world models normalise continuous latents with: ``"per-frame"`` (Cosmos' ``mean_std.pt``:
     a mean and std per channel and latent frame of a 121-frame chunk); a family whose consumers read others (per
     channel, as the Wan VAEs' constants) names them, and the statistics commands refuse it until they compute them."""
+    latent_constants: Optional[tuple[tuple[float, ...], tuple[float, ...]]] = None
+    """The base model's per-channel latent ``(mean, std)`` that its consumers hard-code (Wan's ``(mu - mean) / std``),
+    which no file changes: the reference a retrained encoder's statistics are compared with, and what a decoder-only
+    run keeps; None where the consumers read only files."""
     official_modules: Optional[Callable[[VideoTokenizer], Mapping[str, nn.Module]]] = None
     """The modules of the family's official traced files, by role (``encoder`` takes video, ``decoder`` the
     tokens, ``autoencoder`` video), sharing the network's weights; None where it has no such files."""

@@ -276,27 +276,43 @@ def export_latent_stats(
     export_dir: Path,
     ckpt_dir: Path,
 ) -> str:
-    """Write ``mean_std.pt`` and ``image_mean_std.pt`` into the export of a continuous tokenizer, which the Cosmos
-    world models' tokenizer loader requires: the base's files when only the decoder trained (the latent space did
-    not move), else measured on the run's own data (synthetic clips without ``data.path``). Returns the line for
-    the run summary; where they cannot be measured, that line gives the command that writes them."""
-    from ..evaluation.latent_stats import carry_base_stats, dataset_latent_stats, default_stats_workers
+    """Write the latent statistics files of the family (:data:`~..evaluation.latent_stats.STATS_FILES`) into the
+    export of a continuous tokenizer: Cosmos' ``mean_std.pt`` and ``image_mean_std.pt``, which the Cosmos world
+    models' tokenizer loader requires, or the Wan VAE's ``video_mean_std.pt`` and ``images_mean_std.pt``, which
+    Cosmos-Predict2.5 reads on top of the hard-coded constants. The base's files when only the decoder trained
+    (the latent space did not move; a base without files keeps its constants and nothing is written), else
+    measured on the run's own data (synthetic clips without ``data.path``), their shift from the base printed.
+    Returns the line for the run summary; where they cannot be measured, that line gives the command that writes
+    them."""
+    from ..evaluation.latent_shift import shift_from_base, shift_line
+    from ..evaluation.latent_stats import (
+        carry_base_stats,
+        dataset_latent_stats,
+        default_stats_workers,
+        kept_base_stats,
+        stats_files,
+    )
     from ..evaluation.latent_stats import latent_statistics as measure
     from ..io.export import CHUNK_FRAMES
     from .acceleration import fast_encoder
 
-    copied = carry_base_stats(model.trainable, model.jit_ckpt_pth, export_dir)
+    config = network.config
+    copied = carry_base_stats(model.trainable, model.jit_ckpt_pth, export_dir, config)
     if copied:
         return (
             f"latent statistics ({', '.join(p.name for p in copied)}): the encoder did not train, copied from the base"
         )
+    kept = kept_base_stats(model.trainable, config)
+    if kept is not None:
+        return f"latent statistics: {kept}"
+    video_file = stats_files(config).video
     later = (
         f"python -m tokenizer_posttrain export --checkpoint {ckpt_dir / LAST_CKPT} --out {export_dir} "
         "--latent-stats DATA (DATA: a prepared dataset of your videos)"
     )
     clips = default_stats_clips(log)
     if clips == 0:
-        return f"no mean_std.pt in the export (log.latent_stats_clips=0); to write it: {later}"
+        return f"no {video_file} in the export (log.latent_stats_clips=0); to write it: {later}"
     print(f"latent statistics: measuring on {clips} clips (log.latent_stats_clips sets how many)", flush=True)
     cuda = torch.cuda.is_available()
     try:
@@ -309,7 +325,6 @@ def export_latent_stats(
                 # On the GPU in bf16, as dataset_latent_stats does: fp32 on the CPU took 7 min for 400 clips.
                 device="cuda" if cuda else "cpu",
                 dtype=torch.bfloat16 if cuda else torch.float32,
-                positions=network.config.latent_frames(CHUNK_FRAMES),
             )
         else:
             stats = dataset_latent_stats(
@@ -326,8 +341,11 @@ def export_latent_stats(
             )
     except (UserError, OSError, RuntimeError) as err:  # e.g. out of GPU memory: the trained run stays a success
         warnings.warn(f"the latent statistics could not be measured: {err}", stacklevel=2)
-        return f"no mean_std.pt in the export (not measured: see the warning above); to write it: {later}"
+        return f"no {video_file} in the export (not measured: see the warning above); to write it: {later}"
     files = ", ".join(p.name for p in stats.write(export_dir))
+    shift = shift_from_base(stats, config, model.jit_ckpt_pth)
+    if shift is not None:
+        print(shift_line(shift), flush=True)
     source = "synthetic clips" if data.path is None else f"clips of {data.path}"
     return f"latent statistics ({files}): measured on {stats.clips} {source}"
 

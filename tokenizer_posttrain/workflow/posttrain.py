@@ -22,15 +22,18 @@ from ..core.errors import CheckpointError, DataError, UserError, WorseThanBaseEr
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.layout import dataset_splits
 from ..evaluation.evaluate import EVAL_CLIPS_PER_VIDEO
+from ..evaluation.latent_shift import shift_from_base, shift_line
 from ..evaluation.latent_stats import (
-    IMAGE_MEAN_STD,
-    MEAN_STD,
     STATS_CLIPS,
+    base_latent_stats,
     carry_base_stats,
     dataset_latent_stats,
+    files_note,
+    kept_base_stats,
     read_latent_stats,
     stats_folder,
 )
+from ..evaluation.latent_stats import stats_files as stats_files_of
 from ..evaluation.report import (
     LATENT_DRIFT_LIMIT,
     MIN_VERDICT_CLIPS,
@@ -328,14 +331,17 @@ def posttrain(
             model card flag the result; the sweep keeps only configurations under it
         allow_worse: finish with exit code 0 even when the post-trained tokenizer is worse than the base on
             the held-out clips (otherwise exit code 3, its files kept)
-        stats_clips: training clips encoded for the latent statistics of a continuous tokenizer (mean_std.pt and
-            image_mean_std.pt in the export; 121-frame clips where the videos are long enough). Default: a quarter
+        stats_clips: training clips encoded for the latent statistics of a continuous tokenizer (Cosmos:
+            mean_std.pt and image_mean_std.pt in the export; the Wan2.1 VAE: Cosmos-Predict2.5's video_mean_std.pt
+            and images_mean_std.pt, and their per-channel shift from the hard-coded constants in the report, the
+            summary and the model card; 121-frame clips where the videos are long enough). Default: a quarter
             of the clips training sees (steps x batch size), at least 16 and at most 400 (400 make two seeds
             agree to 1 percent). When only the decoder trained and the base folder has them, the base's files are
-            copied instead
-        formats: export formats: cosmos (the .jit files, model.safetensors and the statistics: always written,
-            the evaluation reads them) and diffusers (adds an AutoencoderKLCosmos folder, export/vae/, with
-            latents_mean/latents_std from the statistics; CV only)
+            copied instead (a Wan base without them keeps its constants, and nothing is measured)
+        formats: export formats: the model family's own (Cosmos: the .jit files, model.safetensors and the
+            statistics; the Wan2.1 VAE: Wan2.1_VAE.pth and model.safetensors: always written, the evaluation reads
+            them) and diffusers (adds a diffusers folder, export/vae/, with latents_mean/latents_std from the
+            statistics; continuous tokenizers only)
     """
     from ..evaluation.evaluate import evaluate
 
@@ -412,10 +418,14 @@ def posttrain(
         config, chosen["trainable"], base, data_path, export_dir, clips, clip, num_workers, stats_clips is None
     )
     timings["latent_stats"] = time.monotonic() - clock
+    # What the export's consumers normalize with: its files, else (decoder-only Wan) the base's constants.
+    export_stats = read_latent_stats(export_dir, config)
+    if export_stats is None and kept_base_stats(chosen["trainable"], config):
+        export_stats = base_latent_stats(config)
     for fmt, subfolder in placements(written):
         if fmt.name == native:
             continue  # the training run's export wrote it
-        fmt.write(load_tokenizer(export_dir), export_dir / subfolder, read_latent_stats(export_dir), torch.float32)
+        fmt.write(load_tokenizer(export_dir), export_dir / subfolder, export_stats, torch.float32)
         print(f"{fmt.what}: {export_dir / subfolder}", flush=True)
     print("[3/4] evaluation against the baseline", flush=True)
     clock = time.monotonic()
@@ -438,6 +448,7 @@ def posttrain(
             sections=card_sections(after),
             channels=config.channels,
             drift=drift,
+            latent_stats=None if config.is_discrete else _stats_row(config, stats_files),
         )
     )
     comparison = after.get("comparison") or {}
@@ -465,6 +476,9 @@ def posttrain(
         "run": str(run_dir),
         "export": str(export_dir),
         "latent_stats": stats_files,
+        # Per channel, how far the export's latent statistics moved from what the base's world models normalize
+        # with (its files, or its family's hard-coded constants); None when not measured.
+        "latent_stats_shift": after.get("latent_stats_shift"),
         "report": str(run_dir / "eval" / "report.md"),
         "timings_s": {name: round(seconds, 1) for name, seconds in timings.items()},
     }
@@ -507,20 +521,22 @@ def _verdict_hint(clips: int) -> str:
 
 
 def check_base_stats(config: NetworkConfig, base: str, compared: bool, diffusers: bool) -> None:
-    """Refuse, in one line and before any work, the base's latent statistics (``mean_std.pt``,
-    ``image_mean_std.pt`` beside ``base``) that the workflow would refuse only after training: a file that is not
-    a (mean, std) pair of tensors (the evaluation against the base reads it, and so does the copy into a
-    decoder-only export), statistics of another number of channels than ``config``'s latent when they are
-    ``compared`` with the post-trained encoder's or written into a ``diffusers`` config, and values that cannot
-    normalize a latent (NaN, infinite, a std <= 0). A discrete tokenizer's are never read."""
+    """Refuse, in one line and before any work, the base's latent statistics (the files of its family beside
+    ``base``: ``mean_std.pt`` and ``image_mean_std.pt`` for Cosmos) that the workflow would refuse only after
+    training: a file that is not a (mean, std) pair of tensors (the evaluation against the base reads it, and so
+    does the copy into a decoder-only export), statistics of another number of channels than ``config``'s latent
+    when they are ``compared`` with the post-trained encoder's or written into a ``diffusers`` config, and values
+    that cannot normalize a latent (NaN, infinite, a std <= 0). A discrete tokenizer's are never read."""
     if config.is_discrete:
         return
-    stats = read_latent_stats(base)  # CheckpointError for a pickled object, garbage, or not a pair of tensors
+    # CheckpointError for a pickled object, garbage, or not a pair of tensors
+    stats = read_latent_stats(base, config)
     if stats is None:
         return
-    path, channels = stats_folder(base) / MEAN_STD, config.latent_channels
+    files = stats_files_of(config)
+    path, channels = stats_folder(base) / files.video, config.latent_dim
     fix = (
-        f"compute them again (export --latent-stats DATA), or move {MEAN_STD} and {IMAGE_MEAN_STD} out of {path.parent}"
+        f"compute them again (export --latent-stats DATA), or move {files.video} and {files.image} out of {path.parent}"
     )
     if stats.mean.shape[0] != channels and (compared or diffusers):
         use = "compares them with the post-trained encoder's" if compared else "writes them into the diffusers config"
@@ -529,12 +545,18 @@ def check_base_stats(config: NetworkConfig, base: str, compared: bool, diffusers
             f"{list(stats.mean.shape)}), but {config.name} has {channels} and the workflow {use}; save them as a "
             f"[{channels}, T] pair, or {fix}"
         )
-    for name, mean, std in ((MEAN_STD, stats.mean, stats.std), (IMAGE_MEAN_STD, stats.image_mean, stats.image_std)):
+    pairs = ((files.video, stats.mean, stats.std), (files.image, stats.image_mean, stats.image_std))
+    for name, mean, std in pairs:
         if not normalizes(mean, std):
             raise CheckpointError(
                 f"{path.parent / name} holds NaN or infinite statistics or a std <= 0, which cannot normalize a "
                 f"latent: {fix}"
             )
+
+
+def _stats_row(config: NetworkConfig, done: str) -> str:
+    """The model card's row on the latent statistics: what :func:`write_latent_stats` did, and where they are."""
+    return f"{done}; {files_note(config)}" if done.startswith("computed") else done
 
 
 def write_latent_stats(
@@ -548,19 +570,25 @@ def write_latent_stats(
     workers: int,
     default: bool = False,
 ) -> str:
-    """Write ``mean_std.pt`` and ``image_mean_std.pt`` into the export of a continuous tokenizer: the base's
-    files when only the decoder trained (the latent space did not move), else computed from ``clips`` clips of
-    the training data (``clip``: the training clip's ``frames``, ``size`` and ``resize_short_side``; 121-frame
-    chunks where the videos are long enough), said with the option that sets how many (``default``: the count is
-    posttrain's default). Returns what was done, for the summary."""
+    """Write the family's latent statistics files (Cosmos: ``mean_std.pt`` and ``image_mean_std.pt``; the Wan VAE:
+    ``video_mean_std.pt`` and ``images_mean_std.pt``) into the export of a continuous tokenizer: the base's files
+    when only the decoder trained (the latent space did not move; a family's hard-coded constants are then kept
+    and nothing is written when the base has no files), else computed from ``clips`` clips of the training data
+    (``clip``: the training clip's ``frames``, ``size`` and ``resize_short_side``; 121-frame chunks where the
+    videos are long enough), said with the option that sets how many (``default``: the count is posttrain's
+    default), and their shift from the base printed. Returns what was done, for the summary and the card."""
     if config.is_discrete:
         print(f"latent statistics: none for {config.name} (world models read its token indices)", flush=True)
         return "none (discrete tokenizer)"
-    copied = carry_base_stats(trainable, base, export_dir)
+    copied = carry_base_stats(trainable, base, export_dir, config)
     if copied:
         names = ", ".join(p.name for p in copied)
         print(f"latent statistics: the encoder did not train, copied {names} from {stats_folder(base)}", flush=True)
         return f"copied from {stats_folder(base)}"
+    kept = kept_base_stats(trainable, config)
+    if kept is not None:
+        print(f"latent statistics: {kept}", flush=True)
+        return kept
     why = f"by default a quarter of the clips training saw, {STATS_CLIPS_MIN} to {STATS_CLIPS}; " if default else ""
     print(
         f"latent statistics: encoding {clips} training clips of up to {CHUNK_FRAMES}x{clip['size']}x{clip['size']} "
@@ -579,6 +607,9 @@ def write_latent_stats(
         accelerate=fast_encoder,
     )
     stats.write(export_dir)
+    shift = shift_from_base(stats, config, base)
+    if shift is not None:
+        print(shift_line(shift), flush=True)
     return f"computed from {stats.clips} training clips"
 
 

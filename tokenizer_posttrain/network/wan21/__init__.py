@@ -70,6 +70,7 @@ WAN21 = register_family(
         sizes_of=_sizes,
         posterior=True,
         latent_stats="per-channel",
+        latent_constants=(WAN21_LATENT_MEAN, WAN21_LATENT_STD),
         reader=read_pth,
     )
 )
