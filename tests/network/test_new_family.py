@@ -236,8 +236,8 @@ def test_latent_statistics_of_another_kind_are_refused_not_guessed(toy: Tokenize
     clips = [torch.rand(3, 2, 8, 8) * 2 - 1 for _ in range(2)]
     per_frame = latent_statistics(build_tokenizer("Toy-AE4"), clips, max_clips=2, positions=2)
     assert per_frame.mean.shape == (4, 2)  # the toy's 4 latent channels x 2 latent frames
-    FAMILIES[TOY.name] = dataclasses.replace(TOY, latent_stats="per-channel")
-    with pytest.raises(EvaluationError, match="read per-channel latent statistics, which this version does not"):
+    FAMILIES[TOY.name] = dataclasses.replace(TOY, latent_stats="per-token")
+    with pytest.raises(EvaluationError, match="read per-token latent statistics, which this version does not"):
         latent_statistics(build_tokenizer("Toy-AE4"), clips, max_clips=2)
 
 

@@ -96,8 +96,7 @@ def _export(args: argparse.Namespace) -> int:
     for fmt, subfolder in placements(args.format):
         prefix = f"{subfolder}/" if subfolder else ""
         files += [prefix + name for name in fmt.write(network, out / subfolder, stats or kept, dtype)]
-        # Beside the family's own format too: the Wan VAE's Predict2.5 files go beside its .pth.
-        if not (fmt.stats_beside or fmt.name == native):
+        if not fmt.stats_beside:
             continue
         if stats is not None:
             files += [prefix + p.name for p in stats.write(out / subfolder)]

@@ -197,6 +197,7 @@ WAN21 = ExportFormat(
     write=_write_wan21,
     found_in=lambda folder: (folder / WAN21_PTH).is_file(),
     families=("wan21",),
+    stats_beside=True,
 )
 
 FORMATS: dict[str, ExportFormat] = {COSMOS.name: COSMOS, WAN21.name: WAN21, DIFFUSERS.name: DIFFUSERS}
