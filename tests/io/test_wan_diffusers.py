@@ -290,3 +290,42 @@ def test_writing_refuses_weights_and_statistics_no_wan21_vae_has(tmp_path: Path)
     with pytest.raises(ExportError, match=r"dim=16, z_dim=4 .*wrong shapes: encoder\.conv1\.weight"):
         write_wan_diffusers(tiny_weights(), 16, Z_DIM, tmp_path, MEAN, STD)
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_our_trained_network_exported_as_diffusers_reconstructs_like_ours(tmp_path: Path) -> None:
+    """The export path end to end: our Wan2.1 network (LoRA merged on the way) through io/formats.py's diffusers
+    entry, loaded by diffusers, against our own encode, decode and round trip."""
+    from tokenizer_posttrain.io.checkpoint import load_tokenizer
+    from tokenizer_posttrain.io.formats import FORMATS
+    from tokenizer_posttrain.network import build_tokenizer
+    from tokenizer_posttrain.network.lora import apply_lora
+
+    torch.manual_seed(3)
+    ours = build_tokenizer("Wan2.1-VAE", channels=8).eval()
+    apply_lora(ours, 2, 4.0, allowed=ours.lora_modules)
+    with torch.no_grad():  # adapters that change the outputs, as a trained run's would
+        for name, param in ours.named_parameters():
+            if "lora_up" in name:
+                param.normal_(std=0.05)
+
+    class Stats:
+        mean, std = torch.zeros(16, 32), torch.ones(16, 32)
+
+    FORMATS["diffusers"].write(ours, tmp_path, Stats(), torch.float32)
+    with diffusers_messages() as messages:
+        theirs = AutoencoderKLWan.from_pretrained(tmp_path).eval()
+    assert not [m for m in messages if "missing" in m or "unexpected" in m], messages
+    x = torch.rand(1, 3, 9, 32, 32) * 2 - 1
+    with torch.no_grad():
+        encoding = ours.encoding(x)
+        posterior = theirs.encode(x).latent_dist
+        assert rel(posterior.mean, encoding.mean) < 1e-5 and rel(posterior.logvar, encoding.logvar) < 1e-5
+        # diffusers clips its decoded video to [-1, 1]; ours does not (training keeps the gradients there).
+        decoded = theirs.decode(encoding.latent).sample
+        assert rel(decoded, ours.decode(encoding.latent).clamp(-1, 1)) < 1e-5
+        assert rel(theirs(x).sample, ours(x).clamp(-1, 1)) < 1e-5
+    # And it reads back here, strictly, as the same network.
+    again = load_tokenizer(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), ours(x), rtol=1e-5, atol=1e-5)
+    assert set(again.state_dict()) == set(build_tokenizer("Wan2.1-VAE", channels=8).state_dict())
