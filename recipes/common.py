@@ -15,6 +15,7 @@ from tokenizer_posttrain.losses.consistency import ConsistencyConfig
 from tokenizer_posttrain.losses.flow import FlowConfig
 from tokenizer_posttrain.losses.gram import GramConfig
 from tokenizer_posttrain.losses.high_freq import HighFreqConfig
+from tokenizer_posttrain.losses.kl import KLConfig
 from tokenizer_posttrain.losses.l1 import L1Config
 from tokenizer_posttrain.losses.perceptual import PerceptualConfig
 from tokenizer_posttrain.training import run_config
@@ -26,11 +27,16 @@ from tokenizer_posttrain.training.train import train
 
 
 def model(
-    name: str, jit_ckpt_pth: Optional[str] = None, channels: Optional[int] = None, fast: bool = False
+    name: str,
+    jit_ckpt_pth: Optional[str] = None,
+    channels: Optional[int] = None,
+    fast: bool = False,
+    **settings: Any,
 ) -> run.Config[ModelConfig]:
     """``fast``: the GPU settings of the acceleration module (compiled, channels-last training step replayed
-    as CUDA graphs; docs/benchmarks.md has what they measured)."""
-    return run_config.model_config(run.Config, name, jit_ckpt_pth, channels, fast)
+    as CUDA graphs; docs/benchmarks.md has what they measured); ``settings``: other ``ModelConfig`` fields
+    (``sample_posterior``)."""
+    return run_config.model_config(run.Config, name, jit_ckpt_pth, channels, fast, **settings)
 
 
 def loss_config(**terms: Any) -> run.Config[LossConfig]:
@@ -57,6 +63,17 @@ def cosmos_loss() -> run.Config[LossConfig]:
         high_freq=run.Config(HighFreqConfig, weight=0.0),
         flow=run.Config(FlowConfig, boundaries=[250000], values=[0.0, 0.01], raft="large", scale=2, dtype="bfloat16"),
         consistency=run.Config(ConsistencyConfig, weight=0.0),
+    )
+
+
+def wan_loss(perceptual_weight: float = 0.1, kl_weight: float = 1e-6) -> run.Config[LossConfig]:
+    """The loss of a KL-VAE (the Wan2.1 VAE): L1 at weight 1, VGG16 perceptual (0.1; 0 needs no VGG16 file) and the
+    posterior's KL term at the 1e-6 of the latent-diffusion VAEs, which holds the posterior near the one the
+    world models downstream were trained on."""
+    return loss_config(
+        l1=run.Config(L1Config),
+        perceptual=run.Config(PerceptualConfig, weight=perceptual_weight),
+        kl=run.Config(KLConfig, weight=kl_weight),
     )
 
 

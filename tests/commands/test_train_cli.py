@@ -361,5 +361,6 @@ def test_help_of_another_recipe_shows_its_values_and_an_unknown_recipe_is_named(
     assert "  data.frames: int = 33  [tiny: 17]  — Frames per clip" in capsys.readouterr().out
     assert run_cli_in_process(train, recipes.cv8x8x8.cv8x8x8, ["--factory", "tinny"]) == 1
     assert capsys.readouterr().err == (
-        "error: --factory tinny: no such recipe; the recipes are cosmos_finetune, cv8x8x8, dv8x16x16, tiny, tiny_dv\n"
+        "error: --factory tinny: no such recipe; the recipes are cosmos_finetune, cv8x8x8, dv8x16x16, tiny, tiny_dv, "
+        "tiny_wan21, wan21\n"
     )

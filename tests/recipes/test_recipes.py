@@ -15,6 +15,8 @@ FACTORIES = {
     "dv8x16x16": (recipes.dv8x16x16.dv8x16x16, "DV8x16x16"),
     "tiny": (recipes.tiny.tiny, "CV8x8x8"),
     "tiny_dv": (recipes.tiny.tiny_dv, "DV8x16x16"),
+    "tiny_wan21": (recipes.wan21.tiny_wan21, "Wan2.1-VAE"),
+    "wan21": (recipes.wan21.wan21, "Wan2.1-VAE"),
 }
 
 
@@ -46,6 +48,30 @@ def test_gpu_recipes_use_nemo_defaults() -> None:
     assert kw["model"] == ModelConfig(
         model="Cosmos-1.0-Tokenizer-CV8x8x8", compile=True, cuda_graphs=True, channels_last=True
     )
+
+
+@pytest.mark.parametrize("factory", ["wan21", "tiny_wan21"])
+def test_the_wan_recipes_train_a_posterior_sample_under_the_kl_term(factory: str) -> None:
+    from tokenizer_posttrain.training.train import check_clip_shape, check_loss_clips
+
+    kw = fdl.build(FACTORIES[factory][0]()).keywords
+    model, data, loss = kw["model"], kw["data"], kw["loss"]
+    assert model.sample_posterior and loss.kl.weight == 1e-6
+    check_clip_shape(model, data)  # 1 + 4k frames, sides multiples of 8
+    check_loss_clips(model, data, loss)
+    if factory == "wan21":  # cv8x8x8's GPU settings, data and trainer
+        cv = fdl.build(recipes.cv8x8x8.cv8x8x8()).keywords
+        assert model == ModelConfig(
+            model="Wan2.1-VAE", compile=True, cuda_graphs=True, channels_last=True, sample_posterior=True
+        )
+        assert (data, kw["trainer"], kw["optim"]) == (cv["data"], cv["trainer"], cv["optim"])
+        assert loss.weights_at(0) == {"l1": 1.0, "perceptual": 0.1, "kl": 1e-6}
+        assert kw["log"].name == "wan21_vae"
+    else:  # tiny's CPU run at width 8, without the VGG16
+        tiny = fdl.build(recipes.tiny.tiny()).keywords
+        assert (model.channels, model.compile, loss.weights_at(0)) == (8, False, {"l1": 1.0, "kl": 1e-6})
+        assert (data, kw["trainer"]) == (tiny["data"], tiny["trainer"])
+        assert kw["log"].name == "tiny_wan21"
 
 
 def test_overrides_reach_the_configs() -> None:
@@ -108,6 +134,7 @@ NEMO_SCHEDULES = {
     "flow": (0.0, 0.0, 0.01, 0.01, 0.01),
     "high_freq": (0.0, 0.0, 0.0, 0.0, 0.0),
     "consistency": (0.0, 0.0, 0.0, 0.0, 0.0),
+    "kl": (0.0, 0.0, 0.0, 0.0, 0.0),  # a VAE's term: Cosmos has no posterior
 }
 
 

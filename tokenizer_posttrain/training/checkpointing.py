@@ -128,7 +128,16 @@ class PreemptionCheckpoint(pl.Callback):
 
 class RngState(pl.Callback):
     """Saves and restores the Python, NumPy and torch random states with every checkpoint, so a
-    resumed run draws the same random numbers (LoRA dropout, augmentation) as an uninterrupted one.
+    resumed run draws the same random numbers (posterior samples, LoRA dropout, augmentation) as an
+    uninterrupted one.
+
+    What runs between a save and the next training step differs between the two runs: the uninterrupted
+    one may validate there, the resumed one runs Lightning's sanity check and makes its data loaders'
+    iterators, and each loader iterator draws its seed from torch's global generator. So the host states
+    (Python, NumPy, torch's CPU generator) are set again, to what the checkpoint holds, at the first training
+    batch after a save or a load, in both runs: the training steps then draw the same numbers either way. The
+    CUDA states are restored at the load only (nothing in between draws from them, and setting them while CUDA
+    graphs replay is best left alone).
 
     The states are stored as tensors, numbers and strings only: a checkpoint is loaded with
     ``weights_only=True`` and nothing in it is unpickled. Checkpoints from earlier releases hold pickled
@@ -140,16 +149,19 @@ class RngState(pl.Callback):
 
     def __init__(self, skip_pickled: bool = False) -> None:
         self.skip_pickled = skip_pickled
+        # The host states the next training batch starts from (set by a save or a load), or None.
+        self._next_batch: tuple[tuple, tuple, torch.Tensor] | None = None
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         import random
 
         import numpy as np
 
-        version, python_state, gauss = random.getstate()
-        kind, keys, position, has_gauss, cached = np.random.get_state()
+        python_state, numpy_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        version, python_words, gauss = python_state
+        kind, keys, position, has_gauss, cached = numpy_state
         checkpoint[self.KEY] = {
-            "python": {"version": version, "state": torch.tensor(python_state, dtype=torch.int64), "gauss": gauss},
+            "python": {"version": version, "state": torch.tensor(python_words, dtype=torch.int64), "gauss": gauss},
             "numpy": {
                 "kind": kind,
                 "keys": torch.from_numpy(keys.astype(np.int64)),
@@ -157,13 +169,12 @@ class RngState(pl.Callback):
                 "has_gauss": int(has_gauss),
                 "cached_gaussian": float(cached),
             },
-            "torch": torch.get_rng_state(),
+            "torch": torch_state,
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         }
+        self._next_batch = (python_state, numpy_state, torch_state)
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        import random
-
         import numpy as np
 
         states = checkpoint.get(self.KEY)
@@ -181,8 +192,24 @@ class RngState(pl.Callback):
             int(numpy_state["has_gauss"]),
             float(numpy_state["cached_gaussian"]),
         )
-        random.setstate(python)
-        np.random.set_state(numpy_state)
-        torch.set_rng_state(states["torch"])
+        self._next_batch = (python, numpy_state, states["torch"])
+        _set_host_states(*self._next_batch)
         if states["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(states["cuda"])
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._next_batch is not None:
+            _set_host_states(*self._next_batch)
+            self._next_batch = None
+
+
+def _set_host_states(python: tuple, numpy_state: tuple, torch_state: torch.Tensor) -> None:
+    import random
+
+    import numpy as np
+
+    random.setstate(python)
+    np.random.set_state(numpy_state)
+    torch.set_rng_state(torch_state)

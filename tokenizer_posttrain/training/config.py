@@ -81,11 +81,11 @@ class ModelConfig:
 
     model: str = "Cosmos-1.0-Tokenizer-CV8x8x8"
     """Model name: any name of a family in tokenizer_posttrain.network (Cosmos: Cosmos-1.0-Tokenizer-CV8x8x8,
-    -CV8x16x16, -CV4x8x8, -CV4x8x8-LowRes, -DV8x16x16, -DV8x8x8, -DV4x8x8, -DV4x8x8-LowRes); the Cosmos-0.1-
-    prefix and the short names (CV8x8x8) work too."""
+    -CV8x16x16, -CV4x8x8, -CV4x8x8-LowRes, -DV8x16x16, -DV8x8x8, -DV4x8x8, -DV4x8x8-LowRes; Wan: Wan2.1-VAE); the
+    Cosmos-0.1- prefix and the short names (CV8x8x8) work too."""
     jit_ckpt_pth: Optional[str] = None
     """Checkpoint folder (autoencoder.jit, or encoder.jit + decoder.jit) or file (.jit,
-    .safetensors, .ckpt). None trains from random weights (with a warning)."""
+    .safetensors, .ckpt; Wan: Wan2.1_VAE.pth). None trains from random weights (with a warning)."""
     channels: Optional[int] = None
     """Base width override; 16 gives the tiny models used on CPUs and in tests."""
     trainable: str = "all"
@@ -176,7 +176,8 @@ class DataConfig:
     micro-batch of shared memory (/dev/shm). None: 6 (data.batch.PREFETCH), or as many as fit in the shared
     memory free at launch (warned); a number that does not fit is refused. No effect with num_workers=0."""
     frames: int = CLIP_FRAMES
-    """Frames per clip (1 + 8k for the 8x temporal models)."""
+    """Frames per clip: 1 + k x the model's temporal compression (1 + 8k for the 8x models, 1 + 4k for the 4x
+    ones and the Wan2.1 VAE)."""
     height: int = CLIP_SIZE
     """Crop height (the pixel budget's height with aspect_buckets)."""
     width: int = CLIP_SIZE
@@ -401,7 +402,8 @@ class LogConfig:
     name: str = "cosmos_tokenizer"
     """Run name: the run folder is <log_dir>/<name>."""
     export_on_end: bool = True
-    """Export encoder.jit/decoder.jit/autoencoder.jit to <run>/export when training ends."""
+    """Export the model in its family's own format to <run>/export when training ends (Cosmos:
+    encoder.jit/decoder.jit/autoencoder.jit; Wan: Wan2.1_VAE.pth), with model.safetensors and config.json."""
     latent_stats_clips: Optional[int] = None
     """Clips the end-of-run export of a continuous tokenizer measures mean_std.pt on (the latent statistics the
     Cosmos world models normalize with) when its encoder trained; drawn from data.path, or synthetic clips without

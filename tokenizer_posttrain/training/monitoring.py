@@ -461,8 +461,19 @@ class RunSummary(pl.Callback):
             lines.append(f"best val/psnr: {best:.2f} dB at step {step}")
         lines.append(f"checkpoints: {ckpt_dir}")
         if export_dir is not None:
-            lines.append(f"export (encoder.jit, decoder.jit, autoencoder.jit): {export_dir}")
+            lines.append(f"export ({', '.join(export_files(export_dir))}): {export_dir}")
         print("\n".join(lines), flush=True)
+
+
+def export_files(export_dir: Path) -> list[str]:
+    """The files of the export format ``export_dir`` holds (the model family's own: Cosmos' ``.jit`` files, Wan's
+    ``.pth``), else every file in it."""
+    from ..io.formats import FORMATS
+
+    for fmt in FORMATS.values():
+        if fmt.found_in(export_dir):
+            return list(fmt.files)
+    return sorted(p.name for p in export_dir.iterdir() if p.is_file())
 
 
 def psnr_axis_limits(values: Sequence[float]) -> tuple[float, float] | None:
