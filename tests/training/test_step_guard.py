@@ -107,7 +107,7 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(
     before = snapshot(module)
     with pytest.warns(UserWarning, match="step skipped"):
         trainer = fit(module, tmp_path, steps=3, datamodule=_NaNEvery({0, 1}))  # two bad steps, then a good one
-    assert module.bad_steps == 0 and all(
+    assert module.guard.nonfinite.in_a_row == 0 and all(
         torch.isfinite(v).all() for v in module.network.state_dict().values() if v.is_floating_point()
     )
     assert any(not torch.equal(before[k], v) for k, v in module.network.state_dict().items())
@@ -172,7 +172,7 @@ def test_step_scalars_reach_the_loggers_as_the_mean_over_micro_batches(tmp_path:
         assert row["train/loss"] == pytest.approx(mean, rel=1e-5)
         assert row["train/l1"] == pytest.approx(mean, rel=1e-5)  # no perceptual term
         assert row["train/grad_norm"] > 0
-    assert module.loss_history == [(step, logged[step]["train/loss"]) for step in (1, 3)]
+    assert module.guard.loss_history == [(step, logged[step]["train/loss"]) for step in (1, 3)]
     # The progress bar shows a value already on the host (on a CPU, read back at once: the last one).
     assert trainer.progress_bar_metrics["train/loss"] == pytest.approx(logged[3]["train/loss"], rel=1e-5)
 

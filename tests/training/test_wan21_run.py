@@ -157,6 +157,19 @@ def test_the_decoder_side_trains_alone_and_the_latent_space_stays(tmp_path: Path
     assert "decoder.head.2.weight" in changed and "conv2.weight" in changed
 
 
+def test_an_ema_of_the_decoder_is_kept_and_loads_as_a_wan_network(tmp_path: Path, base_pth: Path) -> None:
+    _train_steps(
+        tmp_path, base_pth, model={"trainable": "decoder", "ema_decay": 0.5}, trainer={"checkpoint_every_n_steps": 1}
+    )
+    # A checkpoint from during the run: at the end Lightning copies the average into the live weights.
+    during = tmp_path / "run" / "checkpoints" / "step=2.ckpt"
+    trained, ema = load_tokenizer(during).state_dict(), load_tokenizer(during, ema=True).state_dict()
+    assert set(ema) == set(trained)
+    # The average lags the trained weights on the decoder side, and the frozen encoder side is the base's in both.
+    assert not torch.equal(ema["decoder.head.2.weight"], trained["decoder.head.2.weight"])
+    assert not (_changed(ema, base_pth) & {k for k in ema if k.startswith(ENCODER_SIDE)})
+
+
 def test_lora_adapters_train_and_fold_into_an_export_wan_loads(tmp_path: Path, base_pth: Path) -> None:
     trained = _train_steps(tmp_path, base_pth, model={"lora": LoRAConfig(rank=2)}, log={"export_on_end": True})
     changed = _changed(trained, base_pth)
