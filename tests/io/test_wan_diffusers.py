@@ -4,19 +4,15 @@ folders, checked against the official layout, diffusers' own class and the offic
 from __future__ import annotations
 
 import json
-import logging
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import diffusers.utils.logging as diffusers_logging
 import pytest
 import torch
 from diffusers import AutoencoderKLWan
 from safetensors.torch import load_file, save_file
 
 from tests.conftest import REFERENCE
+from tests.io.test_diffusers_format import diffusers_messages
 from tokenizer_posttrain.core.errors import CheckpointError, ExportError
 from tokenizer_posttrain.io.diffusers_format import DIFFUSERS_WEIGHTS
 from tokenizer_posttrain.io.wan_diffusers import (
@@ -64,28 +60,6 @@ def folder(tmp_path: Path) -> Path:
     """The official tiny weights written as a diffusers folder."""
     write_wan_diffusers(tiny_weights(), DIM, Z_DIM, tmp_path / "vae", MEAN, STD)
     return tmp_path / "vae"
-
-
-@contextmanager
-def diffusers_messages() -> Iterator[list[str]]:
-    """Every log record (INFO and up) diffusers emits inside the block and every Python warning, as text."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = records.append  # type: ignore[method-assign]
-    root = logging.getLogger("diffusers")  # does not propagate to the root logger, so caplog cannot see it
-    verbosity = diffusers_logging.get_verbosity()
-    root.addHandler(handler)
-    diffusers_logging.set_verbosity_info()
-    messages: list[str] = []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield messages
-    finally:
-        root.removeHandler(handler)
-        diffusers_logging.set_verbosity(verbosity)
-    messages += [f"{r.levelname}: {r.getMessage()}" for r in records]
-    messages += [f"WARNING: {w.message}" for w in caught]
 
 
 # -- (a) the key maps -------------------------------------------------------------------------------------------

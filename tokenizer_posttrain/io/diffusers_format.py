@@ -368,6 +368,25 @@ def _haar_constants(config: TokenizerConfig) -> dict[str, Tensor]:
     }
 
 
+def diffusers_weights(folder: Path, class_name: str) -> dict[str, Tensor]:
+    """The tensors of a diffusers folder's one safetensors weights file (the folder's ``config.json`` names
+    ``class_name``); a folder with only sharded or pickled weights is refused, saying how to re-save it."""
+    weights = folder / DIFFUSERS_WEIGHTS
+    if not weights.is_file():
+        others = sorted(p.name for p in folder.glob("diffusion_pytorch_model*"))
+        hint = (
+            f" ({', '.join(others)} is not read: only one safetensors file, never a pickle; re-save it with "
+            "save_pretrained(folder, safe_serialization=True, max_shard_size='20GB'))"
+            if others
+            else ""
+        )
+        raise CheckpointError(
+            f"{folder} has diffusers' {CONFIG_JSON} ({class_name}) but no {DIFFUSERS_WEIGHTS}{hint}: copy the "
+            "weights file into the folder, or download or export it again"
+        )
+    return load_safetensors(weights)
+
+
 def read_diffusers(folder: str | Path) -> Weights:
     """Read a diffusers ``AutoencoderKLCosmos`` folder (``config.json`` + ``diffusion_pytorch_model.safetensors``)
     as our weights and config. Strict: a key missing from the file, one it has over, or a shape that differs
@@ -383,20 +402,8 @@ def read_diffusers(folder: str | Path) -> Weights:
             f"{meta} describes a diffusers {name}, not an {DIFFUSERS_CLASS}: only Cosmos tokenizers load here"
         )
     config = tokenizer_config(data, meta)
+    state = diffusers_weights(folder, DIFFUSERS_CLASS)
     weights = folder / DIFFUSERS_WEIGHTS
-    if not weights.is_file():
-        others = sorted(p.name for p in folder.glob("diffusion_pytorch_model*"))
-        hint = (
-            f" ({', '.join(others)} is not read: only one safetensors file, never a pickle; re-save it with "
-            "save_pretrained(folder, safe_serialization=True, max_shard_size='20GB'))"
-            if others
-            else ""
-        )
-        raise CheckpointError(
-            f"{folder} has diffusers' {CONFIG_JSON} ({DIFFUSERS_CLASS}) but no {DIFFUSERS_WEIGHTS}{hint}: copy the "
-            "weights file into the folder, or export it again"
-        )
-    state = load_safetensors(weights)
     shapes = expected_shapes(config)
     names = diffusers_names(shapes, config)
     expected = {names[k]: shape for k, shape in shapes.items() if names[k] is not None}

@@ -27,9 +27,9 @@ from torch import Tensor
 from ..core.errors import CheckpointError, ExportError
 from ..network.wan21 import WAN21_LATENT_MEAN, WAN21_LATENT_STD
 from .config_json import MAX_LATENT, MAX_WIDTH, read_config_json, shown
-from .diffusers_format import DIFFUSERS_WEIGHTS, diffusers_class
+from .diffusers_format import DIFFUSERS_WEIGHTS, diffusers_class, diffusers_weights
 from .export import _atomic_write
-from .layout import CONFIG_JSON, Weights, diff_layout, load_safetensors
+from .layout import CONFIG_JSON, Weights, diff_layout
 
 WAN_DIFFUSERS_CLASS = "AutoencoderKLWan"
 WAN_DIFFUSERS_VERSION = "0.33.0"
@@ -340,20 +340,8 @@ def read_wan_diffusers(folder: str | Path) -> Weights:
     (in diffusers' names, as the file has them), as is a Wan2.2 config or a missing or unreadable file."""
     folder = Path(folder)
     dim, z_dim, _ = _wan21_config(folder)
+    state = diffusers_weights(folder, WAN_DIFFUSERS_CLASS)
     weights = folder / DIFFUSERS_WEIGHTS
-    if not weights.is_file():
-        others = sorted(p.name for p in folder.glob("diffusion_pytorch_model*"))
-        hint = (
-            f" ({', '.join(others)} is not read: only one safetensors file, never a pickle; re-save it with "
-            "save_pretrained(folder, safe_serialization=True, max_shard_size='20GB'))"
-            if others
-            else ""
-        )
-        raise CheckpointError(
-            f"{folder} has diffusers' {CONFIG_JSON} ({WAN_DIFFUSERS_CLASS}) but no {DIFFUSERS_WEIGHTS}{hint}: copy "
-            "the weights file into the folder, or download or export it again"
-        )
-    state = load_safetensors(weights)
     diff = diff_layout(state, diffusers_shapes(dim, z_dim))
     if diff.size:
         raise CheckpointError(
