@@ -153,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--resize-short-side", metavar="PX", type=_positive, help="short side the trainer resizes frames to first"
     )
+    check.add_argument(
+        "--model",
+        metavar="NAME",
+        help="the model the clips are for (e.g. Cosmos-1.0-Tokenizer-CV8x8x8, Wan2.1-VAE): --frames and --crop are "
+        "first checked against its clip rule (1 + 8k frames for the 8x Cosmos models, 1 + 4k for the 4x ones and "
+        "the Wan2.1 VAE; a crop that is a multiple of its spatial compression)",
+    )
     check.add_argument("--allow-skips", action="store_true", help="exit 0 even when samples have errors")
     check.add_argument(
         "--deep",
@@ -208,6 +215,16 @@ def _make_shards(src: Path, out: Path | None, opts: Options) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        from tokenizer_posttrain.network import get_config
+
+        try:
+            config = get_config(args.model)
+        except ValueError as err:
+            return _fail(f"--model: {err}")
+        problems = config.clip_problems(args.frames, args.crop, args.crop, ("--frames", "--crop", "--crop"))
+        if problems:
+            return _fail(f"the clips do not fit {config.full_name}: {'; '.join(dict.fromkeys(problems))}")
     console = Console(width=None if sys.stdout.isatty() else 160)  # logs are read later; keep rows unwrapped
     found = check_dataset(args.data, args.frames, args.crop, args.resize_short_side, deep=args.deep)
     try:

@@ -113,6 +113,21 @@ def test_check_missing_or_empty(tmp_path: Path, capsys: pytest.CaptureFixture) -
     assert status == 2 and "no video samples" in err
 
 
+def test_check_holds_the_clip_shape_to_the_model_s_rule(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # Before any file is read: the clip shape alone does not fit the model named.
+    status, _, err = run_main(capsys, "check", tmp_path, "--frames", "33", "--crop", "60", "--model", "Wan2.1-VAE")
+    assert status == 2 and err.strip() == "error: the clips do not fit Wan2.1-VAE: --crop=60 is not a multiple of 8"
+    status, _, err = run_main(capsys, "check", tmp_path, "--frames", "16", "--model", "Wan2.1_VAE")
+    assert status == 2 and "--frames=16 is not 1+4k frames (use 13 or 17)" in err
+    status, _, err = run_main(capsys, "check", tmp_path, "--frames", "21", "--model", "CV8x8x8")
+    assert status == 2 and "Cosmos-1.0-Tokenizer-CV8x8x8: --frames=21 is not 1+8k frames (use 17 or 25)" in err
+    status, _, err = run_main(capsys, "check", tmp_path, "--model", "Wan3-VAE")
+    assert status == 2 and "--model: unknown tokenizer model 'Wan3-VAE'" in err
+    # A shape that fits goes on to the data (here: none).
+    status, _, err = run_main(capsys, "check", tmp_path / "missing", "--frames", "17", "--model", "Wan2.1-VAE")
+    assert status == 2 and "does not exist" in err
+
+
 def test_real_footage_packs_and_checks_clean(tmp_path: Path) -> None:
     # As shipped, the sample's one keyframe in 132 frames draws the long-GOP warning; transcoded, nothing.
     src = tmp_path / "footage"
