@@ -217,13 +217,28 @@ def rewrite_config(folder: Path, **fields: object) -> None:
     (folder / "config.json").write_text(json.dumps({**config, **fields}))
 
 
-def test_a_wan22_config_is_refused_in_one_line_saying_so(folder: Path) -> None:
-    wan22 = {"base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "is_residual": True, "patch_size": 2}
-    rewrite_config(folder, **wan22, in_channels=12, out_channels=12, scale_factor_spatial=16)
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"patch_size": 2}, r"patch_size=2, but the Wan2\.1 VAE has null \(is_residual is false or left out\)"),
+        (
+            {"decoder_base_dim": 256},
+            r"decoder_base_dim=256, but the Wan2\.1 VAE has its encoder's width",
+        ),
+        ({"is_residual": True}, r"in_channels=3, but the Wan2\.2 VAE has 12 \(is_residual is true\)"),
+        ({"is_residual": 1}, r"is_residual=1, but the Wan2\.1 VAE has false"),  # 1 is not true: no Wan2.2 switch
+    ],
+    ids=["patch_size", "decoder_base_dim", "is_residual", "is_residual_1"],
+)
+def test_a_config_of_neither_wan_vae_is_refused_in_one_line_naming_the_field(
+    folder: Path, fields: dict, match: str
+) -> None:
+    rewrite_config(folder, **fields)
     for read in (read_wan_diffusers, wan_diffusers_latents):
-        with pytest.raises(CheckpointError, match=r"describes a Wan2\.2 VAE \(is_residual=True, patch_size=2, ") as e:
+        with pytest.raises(CheckpointError, match=match) as e:
             read(folder)
-        assert "does not support yet" in str(e.value) and "\n" not in str(e.value)
+        assert "no Wan VAE that tokenizer-posttrain reads (Wan2.1 or Wan2.2)" in str(e.value)
+        assert "\n" not in str(e.value)
     assert is_wan_diffusers(folder)  # diffusers' class it is: the reader says why it cannot take it
 
 

@@ -1,14 +1,17 @@
-"""The diffusers format of the Wan2.1 VAE, both ways: ``AutoencoderKLWan`` folders.
+"""The diffusers format of the Wan VAEs (Wan2.1 and Wan2.2), both ways: ``AutoencoderKLWan`` folders.
 
 Such a folder holds diffusers' ``config.json`` (``_class_name`` ``AutoencoderKLWan``, the architecture, and the
 per-channel latent statistics ``latents_mean`` / ``latents_std`` that diffusers' Wan pipelines normalize latents
 with) and ``diffusion_pytorch_model.safetensors``, whose keys are diffusers' names for the official ``WanVAE_``
-keys (``Wan2.1_VAE.pth``, Cosmos-Predict2.5's ``tokenizer.pth``). :func:`write_wan_diffusers` writes one from a
-state_dict in the official layout; :func:`read_wan_diffusers` reads one back (strictly) into that layout. Neither
-needs diffusers, nor our Wan network: the layout is walked below from the architecture, names and shapes alike.
+keys (``Wan2.1_VAE.pth``, Cosmos-Predict2.5's ``tokenizer.pth``, ``Wan2.2_VAE.pth``). :func:`write_wan_diffusers`
+writes one from a state_dict in the official layout; :func:`read_wan_diffusers` reads one back (strictly) into that
+layout and says which VAE it holds (:class:`WanVAE`). Neither needs diffusers, nor our Wan networks: the layout is
+walked below from the architecture, names and shapes alike.
 
-Only Wan2.1's architecture is handled (any width ``dim`` and latent size ``z_dim``); diffusers' class also holds
-Wan2.2's VAE (``is_residual``, ``patch_size`` 2, ``z_dim`` 48), which is refused by name.
+diffusers' one class holds both VAEs: Wan2.1's (``is_residual`` false) at any width ``dim`` and latent size
+``z_dim``, and Wan2.2's (``is_residual`` true: residual shortcuts around each level, the video patchified 2x2 into
+12 channels, a decoder of its own width ``dec_dim``) at any ``dim``, ``dec_dim`` and ``z_dim``. Any other
+architecture the class can take is refused, naming the config field.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -32,46 +36,133 @@ from .export import _atomic_write
 from .layout import CONFIG_JSON, Weights, diff_layout
 
 WAN_DIFFUSERS_CLASS = "AutoencoderKLWan"
+WAN21, WAN22 = "Wan2.1", "Wan2.2"
+VARIANTS = (WAN21, WAN22)
+"""The Wan VAEs read and written here, by the name their release gives them."""
 WAN_DIFFUSERS_VERSION = "0.33.0"
-"""The first diffusers release with ``AutoencoderKLWan``. Later releases (0.35) added Wan2.2's fields
-(``decoder_base_dim``, ``is_residual``, ``in_channels``, ``out_channels``, ``patch_size``, ``scale_factor_*``;
-unchanged up to 0.42.1); they are written too, with Wan2.1's values (their defaults), so that no release's
-defaults decide what the folder holds: 0.33 and 0.34 ignore them (an INFO line), later releases read every field."""
+"""The first diffusers release with ``AutoencoderKLWan``, written in a Wan2.1 folder. Later releases (0.35) added
+Wan2.2's fields (``decoder_base_dim``, ``is_residual``, ``in_channels``, ``out_channels``, ``patch_size``,
+``scale_factor_*``; unchanged up to 0.42.1); they are written too, with Wan2.1's values (their defaults), so that
+no release's defaults decide what the folder holds: 0.33 and 0.34 ignore them (an INFO line), later releases read
+every field."""
+WAN22_DIFFUSERS_VERSION = "0.35.0"
+"""The first diffusers release that builds Wan2.2's VAE, written in a Wan2.2 folder (older ones would build a
+Wan2.1 VAE from it and find every weight misplaced)."""
 
 DIM_MULT = (1, 2, 4, 4)
-"""Wan2.1's width per level, in units of ``dim``."""
+"""The width per level of both VAEs, in units of ``dim`` (of ``dec_dim`` in Wan2.2's decoder)."""
 RES_BLOCKS = 2
 """Residual blocks per encoder level (the decoder has one more)."""
 TEMPORAL_DOWN = (False, True, True)
 """Which encoder levels also halve time (the decoder doubles it in the reverse order)."""
+PATCH = 2
+"""Wan2.2's VAE folds each 2x2 pixel patch into channels before its encoder (3 -> 12) and back after its decoder."""
 _ARCHITECTURE: dict[str, Any] = {
     "dim_mult": list(DIM_MULT),
     "num_res_blocks": RES_BLOCKS,
     "attn_scales": [],
     "temperal_downsample": list(TEMPORAL_DOWN),  # sic: diffusers' (and Wan's) spelling
 }
-"""The config fields that fix Wan2.1's architecture, beside ``base_dim`` and ``z_dim``."""
-_WAN21_ONLY: dict[str, Any] = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "scale_factor_temporal": 4,
-    "scale_factor_spatial": 8,
+"""The config fields that fix both VAEs' architecture, beside the sizes."""
+_VARIANT_FIELDS: dict[str, dict[str, Any]] = {
+    WAN21: {
+        "is_residual": False,
+        "in_channels": 3,
+        "out_channels": 3,
+        "patch_size": None,
+        "scale_factor_temporal": 4,
+        "scale_factor_spatial": 8,
+    },
+    WAN22: {
+        "is_residual": True,
+        "in_channels": 3 * PATCH**2,
+        "out_channels": 3 * PATCH**2,
+        "patch_size": PATCH,
+        "scale_factor_temporal": 4,
+        "scale_factor_spatial": 8 * PATCH,
+    },
 }
-"""Fields later diffusers releases added for Wan2.2 that a Wan2.1 VAE has at these values (their defaults)."""
-_WAN22_UNSET: dict[str, Any] = {"decoder_base_dim": None, "is_residual": False, "patch_size": None}
-"""Fields that Wan2.2's VAE sets (to 256, true and 2) and a Wan2.1 VAE leaves unset."""
+"""The fields (added by diffusers 0.35) that tell the two VAEs apart, at each one's values; Wan2.1's are diffusers'
+defaults, as are ``decoder_base_dim`` null (the encoder's width) and the :data:`_ARCHITECTURE` values."""
+_DEFAULTS: dict[str, Any] = {**_ARCHITECTURE, **_VARIANT_FIELDS[WAN21], "base_dim": 96, "z_dim": 16}
+"""What diffusers builds for a field a config.json leaves out."""
 WAN21_LATENTS_MEAN, WAN21_LATENTS_STD = WAN21_LATENT_MEAN, WAN21_LATENT_STD
 """The official Wan2.1 VAE's per-channel latent statistics: diffusers' default ``latents_mean``/``latents_std``."""
+# fmt: off
+WAN22_LATENTS_MEAN: tuple[float, ...] = (
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557,
+    -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825,
+    -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+    -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230,
+    -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
+    0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+)
+WAN22_LATENTS_STD: tuple[float, ...] = (
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013,
+    0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978,
+    0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093,
+    0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
+    0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+)
+# fmt: on
+"""The official Wan2.2 VAE's 48 per-channel latent statistics, as Wan2.2's ``Wan2_2_VAE`` wrapper
+(``wan/modules/vae2_2.py``) normalizes with. diffusers has no default for them (its defaults are Wan2.1's 16): a
+Wan2.2 folder must write them."""
 _FIX = "copy, download or export the folder again"
+_HIGH = {"dim": MAX_WIDTH // max(DIM_MULT), "dec_dim": MAX_WIDTH // max(DIM_MULT), "z_dim": MAX_LATENT}
+"""The largest size of each kind taken (the widest level must stay within the config reader's width bound)."""
 
 Shape = tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class WanVAE:
+    """Which Wan VAE, at which size: what an ``AutoencoderKLWan`` config.json describes."""
+
+    variant: str
+    """:data:`WAN21` or :data:`WAN22`."""
+    dim: int
+    """The encoder's width (``base_dim`` in diffusers): 96 in Wan2.1's release, 160 in Wan2.2's."""
+    z_dim: int
+    """Latent channels: 16 in Wan2.1's release, 48 in Wan2.2's."""
+    dec_dim: int
+    """The decoder's width (``decoder_base_dim``): Wan2.1's is ``dim``; 256 in Wan2.2's release."""
+
+    def official_sizes(self) -> str:
+        """The sizes as ``WanVAE_`` names them."""
+        dec = f"dec_dim={self.dec_dim}, " if self.variant == WAN22 else ""
+        return f"dim={self.dim}, {dec}z_dim={self.z_dim}"
+
+    def diffusers_sizes(self) -> str:
+        """The sizes as diffusers' config.json names them."""
+        dec = f"decoder_base_dim={self.dec_dim}, " if self.variant == WAN22 else ""
+        return f"base_dim={self.dim}, {dec}z_dim={self.z_dim}"
+
+
+def wan_vae(variant: str, dim: int, z_dim: int, dec_dim: int | None = None) -> WanVAE:
+    """The :class:`WanVAE` ``variant`` of these sizes (``dec_dim`` None: ``dim``, Wan2.1's only choice);
+    :class:`ExportError` in one line for a variant or a size that no Wan VAE has."""
+    if variant not in VARIANTS:
+        raise ExportError(f"no Wan VAE {shown(variant)}: the variants are {', '.join(VARIANTS)}")
+    sizes = {"dim": dim, "z_dim": z_dim, "dec_dim": dim if dec_dim is None else dec_dim}
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= _HIGH[name]:
+            raise ExportError(
+                f"no {variant} {WAN_DIFFUSERS_CLASS} for {name}={shown(value)}: not an integer from 1 to {_HIGH[name]}"
+            )
+    if variant == WAN21 and sizes["dec_dim"] != dim:
+        raise ExportError(f"no {WAN21} VAE with dec_dim={dec_dim} and dim={dim}: its decoder has its encoder's width")
+    return WanVAE(variant, dim, z_dim, sizes["dec_dim"])
+
+
 # -- the layout ------------------------------------------------------------------------------------------------
-# One walk through Wan2.1's modules, in the order WanVAE_ builds them, yields each weight's official key, its
-# diffusers key and its shape. The encoder numbers its blocks in one flat list (``downsamples.N``, diffusers keeps
-# the number: ``down_blocks.N``); the decoder's flat ``upsamples.N`` are grouped by level in diffusers
-# (``up_blocks.L.resnets.J`` and ``up_blocks.L.upsamplers.0``). Both maps and every shape come from this walk.
+# One walk through a Wan VAE's modules, in the order WanVAE_ builds them, yields each weight's official key, its
+# diffusers key and its shape. Wan2.1's encoder numbers its blocks in one flat list (``downsamples.N``, diffusers
+# keeps the number: ``down_blocks.N``); its decoder's flat ``upsamples.N`` are grouped by level in diffusers
+# (``up_blocks.L.resnets.J`` and ``up_blocks.L.upsamplers.0``). Wan2.2 groups both by level
+# (``downsamples.L.downsamples.J``: diffusers' ``down_blocks.L.resnets.J`` and ``down_blocks.L.downsampler``; the
+# same with ``up`` and ``upsampler``); its level shortcuts hold no weights. Both maps and every shape come from here.
 
 _Entry = tuple[str, str, Shape]
 
@@ -90,9 +181,10 @@ def _residual(official: str, theirs: str, c_in: int, c_out: int) -> Iterator[_En
         yield from _conv(f"{official}.shortcut", f"{theirs}.conv_shortcut", c_in, c_out, (1, 1, 1))
 
 
-def _resample(official: str, theirs: str, c: int, up: bool, temporal: bool) -> Iterator[_Entry]:
-    # Upsampling halves the width in its spatial conv; its temporal conv makes two frames' channels of one.
-    yield from _conv(f"{official}.resample.1", f"{theirs}.resample.1", c, c // 2 if up else c, (3, 3))
+def _resample(official: str, theirs: str, c: int, c_out: int, up: bool, temporal: bool) -> Iterator[_Entry]:
+    # The spatial conv gives c_out channels (Wan2.1's upsampling halves the width there); an upsampling temporal
+    # conv makes two frames' channels of one.
+    yield from _conv(f"{official}.resample.1", f"{theirs}.resample.1", c, c_out, (3, 3))
     if temporal:
         yield from _conv(f"{official}.time_conv", f"{theirs}.time_conv", c, 2 * c if up else c, (3, 1, 1))
 
@@ -110,84 +202,102 @@ def _head(side: str, c_in: int, c_out: int) -> Iterator[_Entry]:
     yield from _conv(f"{side}.head.2", f"{side}.conv_out", c_in, c_out, (3, 3, 3))
 
 
-def _walk(dim: int, z_dim: int) -> Iterator[_Entry]:
+def _block(variant: str, side: str, level: int, index: int, flat: int) -> tuple[str, str]:
+    """Official and diffusers names of block ``index`` of ``level`` on ``side`` (``flat``: its number counted over
+    all levels); the block after a level's residual blocks is its resampling."""
+    down = side == "encoder"
+    resample = index == (RES_BLOCKS if down else RES_BLOCKS + 1)
+    ours = "downsamples" if down else "upsamples"
+    if variant == WAN22:
+        sampler = "downsampler" if down else "upsampler"
+        theirs = f"{side}.{'down' if down else 'up'}_blocks.{level}." + (sampler if resample else f"resnets.{index}")
+        return f"{side}.{ours}.{level}.{ours}.{index}", theirs
+    if down:
+        return f"encoder.downsamples.{flat}", f"encoder.down_blocks.{flat}"
+    theirs = f"decoder.up_blocks.{level}." + ("upsamplers.0" if resample else f"resnets.{index}")
+    return f"decoder.upsamples.{flat}", theirs
+
+
+def _walk(vae: WanVAE) -> Iterator[_Entry]:
+    wan22 = vae.variant == WAN22
+    pixels = 3 * PATCH**2 if wan22 else 3  # what the encoder takes and the decoder gives, per position
     last = len(DIM_MULT) - 1
-    widths = [dim * m for m in (1, *DIM_MULT)]
-    yield from _conv("encoder.conv1", "encoder.conv_in", 3, widths[0], (3, 3, 3))
-    n = 0
+    widths = [vae.dim * m for m in (1, *DIM_MULT)]
+    yield from _conv("encoder.conv1", "encoder.conv_in", pixels, widths[0], (3, 3, 3))
+    flat = 0
     for level, (c_in, c_out) in enumerate(zip(widths[:-1], widths[1:], strict=False)):
-        for _ in range(RES_BLOCKS):
-            yield from _residual(f"encoder.downsamples.{n}", f"encoder.down_blocks.{n}", c_in, c_out)
-            c_in, n = c_out, n + 1
+        for index in range(RES_BLOCKS):
+            yield from _residual(*_block(vae.variant, "encoder", level, index, flat), c_in, c_out)
+            c_in, flat = c_out, flat + 1
         if level != last:
-            yield from _resample(
-                f"encoder.downsamples.{n}", f"encoder.down_blocks.{n}", c_out, False, TEMPORAL_DOWN[level]
-            )
-            n += 1
+            names = _block(vae.variant, "encoder", level, RES_BLOCKS, flat)
+            yield from _resample(*names, c_out, c_out, False, TEMPORAL_DOWN[level])
+            flat += 1
     yield from _middle("encoder", widths[-1])
-    yield from _head("encoder", widths[-1], 2 * z_dim)  # the posterior's mean and log-variance
-    yield from _conv("conv1", "quant_conv", 2 * z_dim, 2 * z_dim, (1, 1, 1))
-    yield from _conv("conv2", "post_quant_conv", z_dim, z_dim, (1, 1, 1))
+    yield from _head("encoder", widths[-1], 2 * vae.z_dim)  # the posterior's mean and log-variance
+    yield from _conv("conv1", "quant_conv", 2 * vae.z_dim, 2 * vae.z_dim, (1, 1, 1))
+    yield from _conv("conv2", "post_quant_conv", vae.z_dim, vae.z_dim, (1, 1, 1))
 
-    widths = [dim * m for m in (DIM_MULT[-1], *DIM_MULT[::-1])]
+    widths = [vae.dec_dim * m for m in (DIM_MULT[-1], *DIM_MULT[::-1])]
     temporal_up = TEMPORAL_DOWN[::-1]
-    yield from _conv("decoder.conv1", "decoder.conv_in", z_dim, widths[0], (3, 3, 3))
+    yield from _conv("decoder.conv1", "decoder.conv_in", vae.z_dim, widths[0], (3, 3, 3))
     yield from _middle("decoder", widths[0])
-    n = 0
+    flat = 0
     for level, (c_in, c_out) in enumerate(zip(widths[:-1], widths[1:], strict=False)):
-        if level > 0:
-            c_in //= 2  # the level above ended in an upsampling that halved the width
-        for block in range(RES_BLOCKS + 1):
-            yield from _residual(f"decoder.upsamples.{n}", f"decoder.up_blocks.{level}.resnets.{block}", c_in, c_out)
-            c_in, n = c_out, n + 1
+        if level > 0 and not wan22:
+            c_in //= 2  # Wan2.1's level above ended in an upsampling that halved the width (Wan2.2's keeps it)
+        for index in range(RES_BLOCKS + 1):
+            yield from _residual(*_block(vae.variant, "decoder", level, index, flat), c_in, c_out)
+            c_in, flat = c_out, flat + 1
         if level != last:
-            theirs = f"decoder.up_blocks.{level}.upsamplers.0"
-            yield from _resample(f"decoder.upsamples.{n}", theirs, c_out, True, temporal_up[level])
-            n += 1
-    yield from _head("decoder", widths[-1], 3)
+            names = _block(vae.variant, "decoder", level, RES_BLOCKS + 1, flat)
+            yield from _resample(*names, c_out, c_out if wan22 else c_out // 2, True, temporal_up[level])
+            flat += 1
+    yield from _head("decoder", widths[-1], pixels)
 
 
-def official_shapes(dim: int, z_dim: int) -> dict[str, Shape]:
-    """Official ``WanVAE_`` key -> shape of the Wan2.1 VAE of width ``dim`` and ``z_dim`` latent channels: what
-    ``Wan2.1_VAE.pth`` holds at ``dim=96, z_dim=16``."""
-    return {official: shape for official, _, shape in _walk(dim, z_dim)}
+def official_shapes(dim: int, z_dim: int, *, variant: str = WAN21, dec_dim: int | None = None) -> dict[str, Shape]:
+    """Official ``WanVAE_`` key -> shape of the ``variant`` VAE of width ``dim`` (decoder: ``dec_dim``, Wan2.2
+    only) and ``z_dim`` latent channels: what ``Wan2.1_VAE.pth`` holds at ``dim=96, z_dim=16``, and
+    ``Wan2.2_VAE.pth`` at ``variant=WAN22, dim=160, dec_dim=256, z_dim=48``."""
+    return {official: shape for official, _, shape in _walk(wan_vae(variant, dim, z_dim, dec_dim))}
 
 
-def diffusers_shapes(dim: int, z_dim: int) -> dict[str, Shape]:
-    """diffusers' key -> shape of the same VAE, as ``AutoencoderKLWan(base_dim=dim, z_dim=z_dim)`` holds it."""
-    return {theirs: shape for _, theirs, shape in _walk(dim, z_dim)}
+def diffusers_shapes(dim: int, z_dim: int, *, variant: str = WAN21, dec_dim: int | None = None) -> dict[str, Shape]:
+    """diffusers' key -> shape of the same VAE, as ``AutoencoderKLWan(**diffusers_config(...))`` holds it."""
+    return {theirs: shape for _, theirs, shape in _walk(wan_vae(variant, dim, z_dim, dec_dim))}
 
 
 @cache
-def _names() -> tuple[dict[str, str], dict[str, str]]:
-    # Names do not depend on the widths: one walk gives both maps for every Wan2.1 VAE.
-    pairs = [(official, theirs) for official, theirs, _ in _walk(1, 1)]
+def _names(variant: str) -> tuple[dict[str, str], dict[str, str]]:
+    # Names do not depend on the sizes: one walk gives both maps for every VAE of the variant.
+    pairs = [(official, theirs) for official, theirs, _ in _walk(WanVAE(variant, 1, 1, 1))]
     ours, theirs = dict(pairs), {t: o for o, t in pairs}
     if not len(ours) == len(theirs) == len(pairs):  # a walk that names two weights alike would drop one
-        raise RuntimeError("the Wan2.1 key walk names two weights alike")  # a bug of ours
+        raise RuntimeError(f"the {variant} key walk names two weights alike")  # a bug of ours
     return ours, theirs
 
 
-def diffusers_key(official_key: str) -> str:
-    """diffusers' name for the official Wan2.1 key ``official_key``; :class:`ExportError` naming it for a key
-    that no Wan2.1 VAE has."""
-    found = _names()[0].get(official_key)
+def diffusers_key(official_key: str, variant: str = WAN21) -> str:
+    """diffusers' name for the official key ``official_key`` of the ``variant`` VAE; :class:`ExportError` naming
+    it for a key that no such VAE has."""
+    found = _names(wan_vae(variant, 1, 1).variant)[0].get(official_key)
     if found is None:
         raise ExportError(
-            f"the weight {official_key} is not a weight of the Wan2.1 VAE (WanVAE_), so it has no name in "
-            f"diffusers' {WAN_DIFFUSERS_CLASS}: pass the state_dict of a Wan2.1 VAE"
+            f"the weight {official_key} is not a weight of the {variant} VAE (WanVAE_), so it has no name in "
+            f"diffusers' {WAN_DIFFUSERS_CLASS}: pass the state_dict of a {variant} VAE"
         )
     return found
 
 
-def official_key(diffusers_key: str) -> str:
-    """The official Wan2.1 key of diffusers' key ``diffusers_key`` (the inverse of :func:`diffusers_key`);
-    :class:`CheckpointError` naming it for a key that no Wan2.1 ``AutoencoderKLWan`` has."""
-    found = _names()[1].get(diffusers_key)
+def official_key(diffusers_key: str, variant: str = WAN21) -> str:
+    """The official key of diffusers' key ``diffusers_key`` of the ``variant`` VAE (the inverse of
+    :func:`diffusers_key`); :class:`CheckpointError` naming it for a key that no such ``AutoencoderKLWan`` has."""
+    found = _names(wan_vae(variant, 1, 1).variant)[1].get(diffusers_key)
     if found is None:
         raise CheckpointError(
-            f"the weight {diffusers_key} is not a weight of diffusers' {WAN_DIFFUSERS_CLASS} for Wan2.1, so it has "
-            "no official WanVAE_ name"
+            f"the weight {diffusers_key} is not a weight of diffusers' {WAN_DIFFUSERS_CLASS} for {variant}, so it "
+            "has no official WanVAE_ name"
         )
     return found
 
@@ -207,30 +317,35 @@ def _statistics(mean: Sequence[float], std: Sequence[float], z_dim: int) -> str 
     return None
 
 
-def diffusers_config(dim: int, z_dim: int, latents_mean: Sequence[float], latents_std: Sequence[float]) -> dict:
-    """diffusers' ``AutoencoderKLWan`` config.json of the Wan2.1 VAE of width ``dim`` and ``z_dim`` latent
-    channels, with the per-channel statistics ``latents_mean`` / ``latents_std`` (``z_dim`` numbers each) that
-    diffusers' Wan pipelines normalize latents with; :class:`ExportError` in one line for values no Wan2.1 VAE
-    can have."""
-    for name, value, high in (("dim", dim, MAX_WIDTH // max(DIM_MULT)), ("z_dim", z_dim, MAX_LATENT)):
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
-            raise ExportError(
-                f"no {WAN_DIFFUSERS_CLASS} config for {name}={shown(value)}: not an integer from 1 to {high}"
-            )
+def diffusers_config(
+    dim: int,
+    z_dim: int,
+    latents_mean: Sequence[float],
+    latents_std: Sequence[float],
+    *,
+    variant: str = WAN21,
+    dec_dim: int | None = None,
+) -> dict:
+    """diffusers' ``AutoencoderKLWan`` config.json of the ``variant`` VAE of width ``dim`` (decoder ``dec_dim``,
+    Wan2.2 only) and ``z_dim`` latent channels, with the per-channel statistics ``latents_mean`` / ``latents_std``
+    (``z_dim`` numbers each) that diffusers' Wan pipelines normalize latents with; :class:`ExportError` in one
+    line for values no such VAE can have."""
+    vae = wan_vae(variant, dim, z_dim, dec_dim)
     problem = _statistics(latents_mean, latents_std, z_dim)
     if problem:
         raise ExportError(f"no {WAN_DIFFUSERS_CLASS} config with these latent statistics: {problem}")
+    wan22 = variant == WAN22
     return {
         "_class_name": WAN_DIFFUSERS_CLASS,
-        "_diffusers_version": WAN_DIFFUSERS_VERSION,
-        "base_dim": dim,
-        "z_dim": z_dim,
+        "_diffusers_version": WAN22_DIFFUSERS_VERSION if wan22 else WAN_DIFFUSERS_VERSION,
+        "base_dim": vae.dim,
+        "decoder_base_dim": vae.dec_dim if wan22 else None,
+        "z_dim": vae.z_dim,
         **_ARCHITECTURE,
         "dropout": 0.0,
         "latents_mean": [float(v) for v in latents_mean],
         "latents_std": [float(v) for v in latents_std],
-        **_WAN21_ONLY,
-        **_WAN22_UNSET,
+        **_VARIANT_FIELDS[variant],
     }
 
 
@@ -245,21 +360,26 @@ def write_wan_diffusers(
     latents_mean: Sequence[float],
     latents_std: Sequence[float],
     dtype: torch.dtype = torch.float32,
+    *,
+    variant: str = WAN21,
+    dec_dim: int | None = None,
 ) -> list[str]:
-    """Write the Wan2.1 VAE weights ``state_dict_official`` (official ``WanVAE_`` keys, width ``dim``, ``z_dim``
-    latent channels) as a diffusers ``AutoencoderKLWan`` folder into ``folder``, the weights cast to ``dtype``;
-    returns the names of the files written. Load it with ``AutoencoderKLWan.from_pretrained(folder)``.
+    """Write the ``variant`` VAE weights ``state_dict_official`` (official ``WanVAE_`` keys, width ``dim``, decoder
+    width ``dec_dim`` for Wan2.2, ``z_dim`` latent channels) as a diffusers ``AutoencoderKLWan`` folder into
+    ``folder``, the weights cast to ``dtype``; returns the names of the files written. Load it with
+    ``AutoencoderKLWan.from_pretrained(folder)``.
 
     Weights that are not exactly that VAE's (a key missing or over, a shape), non-finite weights, or statistics
     that are not ``z_dim`` finite numbers (std > 0) are refused (:class:`ExportError`, in one line naming the
     keys) before anything is written. Each file is written atomically, the config last.
     """
     out = Path(folder)
-    config = diffusers_config(dim, z_dim, latents_mean, latents_std)
-    diff = diff_layout(state_dict_official, official_shapes(dim, z_dim))
+    config = diffusers_config(dim, z_dim, latents_mean, latents_std, variant=variant, dec_dim=dec_dim)
+    vae = wan_vae(variant, dim, z_dim, dec_dim)
+    diff = diff_layout(state_dict_official, {official: shape for official, _, shape in _walk(vae)})
     if diff.size:
         raise ExportError(
-            f"not writing {out}: the weights are not those of the Wan2.1 VAE with dim={dim}, z_dim={z_dim} "
+            f"not writing {out}: the weights are not those of the {variant} VAE with {vae.official_sizes()} "
             f"(official WanVAE_ keys): {diff.describe()}"
         )
     broken = [k for k, v in state_dict_official.items() if v.is_floating_point() and not v.isfinite().all()]
@@ -268,7 +388,8 @@ def write_wan_diffusers(
             f"not writing {out}: {len(broken)} weight tensors hold NaN or Inf (first: {broken[0]}); the training "
             "diverged: export an earlier checkpoint"
         )
-    saved = {diffusers_key(k): v.detach().to("cpu", dtype).contiguous() for k, v in state_dict_official.items()}
+    names = _names(variant)[0]
+    saved = {names[k]: v.detach().to("cpu", dtype).contiguous() for k, v in state_dict_official.items()}
     out.mkdir(parents=True, exist_ok=True)
     _atomic_write(out / DIFFUSERS_WEIGHTS, lambda p: save_file(saved, p, metadata={"format": "pt"}))
     text = json.dumps(config, indent=2) + "\n"
@@ -279,74 +400,97 @@ def write_wan_diffusers(
 # -- reading --------------------------------------------------------------------------------------------------
 
 
+@dataclass(kw_only=True)
+class WanWeights(Weights):
+    """Weights read from an ``AutoencoderKLWan`` folder, in the official ``WanVAE_`` keys, and which VAE they are
+    (``config`` is None: the caller builds the network from :attr:`vae`)."""
+
+    vae: WanVAE
+
+
 def is_wan_diffusers(folder: str | Path) -> bool:
     """Whether ``folder`` holds a diffusers ``AutoencoderKLWan`` (its config.json's ``_class_name``, read with
     the bounded reader; a damaged config.json beside diffusers' weights file is a :class:`CheckpointError`)."""
     return diffusers_class(Path(folder)) == WAN_DIFFUSERS_CLASS
 
 
-def _wan21_config(folder: Path) -> tuple[int, int, dict[str, Any]]:
-    """``(dim, z_dim, fields)`` of the ``AutoencoderKLWan`` config.json in ``folder``, every field read checked;
-    :class:`CheckpointError` in one line naming the file and the field for anything but a Wan2.1 VAE."""
+def _size(data: dict, name: str, high: int, meta: Path) -> int:
+    value = data.get(name, _DEFAULTS.get(name))
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+        raise CheckpointError(f"{meta}: {name}={shown(value)} is not an integer from 1 to {high}; {_FIX}")
+    return value
+
+
+def _read_config(folder: Path) -> tuple[WanVAE, dict[str, Any]]:
+    """The :class:`WanVAE` the ``AutoencoderKLWan`` config.json in ``folder`` describes, and its fields, every field
+    read checked; :class:`CheckpointError` in one line naming the file and the field for any other VAE."""
     meta = folder / CONFIG_JSON
     data = read_config_json(meta, _FIX)
     found = data.get("_class_name")
     if found != WAN_DIFFUSERS_CLASS:
         raise CheckpointError(f"{meta} describes a diffusers {shown(found)}, not an {WAN_DIFFUSERS_CLASS}; {_FIX}")
-    # Wan2.2's VAE sets these (true, 2, 256); a Wan2.1 one leaves them null, false or out (or its own width).
-    unset = {"is_residual": (None, False), "patch_size": (None,), "decoder_base_dim": (None, data.get("base_dim", 96))}
-    wan22 = [f"{k}={shown(data[k])}" for k, values in unset.items() if data.get(k, None) not in values]
-    if data.get("is_residual") is True or data.get("patch_size") == 2:
+    # is_residual picks diffusers' blocks, hence the variant; every other field must then be that variant's.
+    variant = WAN22 if data.get("is_residual") is True else WAN21
+    dim = _size(data, "base_dim", _HIGH["dim"], meta)
+    z_dim = _size(data, "z_dim", _HIGH["z_dim"], meta)
+    dec_dim = data.get("decoder_base_dim")
+    if dec_dim is None:  # diffusers builds the decoder at the encoder's width
+        dec_dim = dim
+    elif variant == WAN22:
+        dec_dim = _size(data, "decoder_base_dim", _HIGH["dec_dim"], meta)
+    elif not isinstance(dec_dim, int) or isinstance(dec_dim, bool) or dec_dim != dim:
         raise CheckpointError(
-            f"{meta} describes a Wan2.2 VAE ({', '.join(wan22)}, z_dim={shown(data.get('z_dim'))}), which "
-            "tokenizer-posttrain does not support yet: only Wan2.1 VAEs (Wan2.1, Wan2.2-A14B, Cosmos-Predict2.5) load"
+            f"{meta}: decoder_base_dim={shown(dec_dim)}, but the {WAN21} VAE has its encoder's width (base_dim={dim}) "
+            f"or null (is_residual is false or left out): no Wan VAE that tokenizer-posttrain reads "
+            f"({' or '.join(VARIANTS)}); {_FIX}"
         )
-    dims = []
-    for name, high in (("base_dim", MAX_WIDTH // max(DIM_MULT)), ("z_dim", MAX_LATENT)):
-        value = data.get(name, {"base_dim": 96, "z_dim": 16}[name])  # diffusers' defaults: Wan2.1's
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
-            raise CheckpointError(f"{meta}: {name}={shown(value)} is not an integer from 1 to {high}; {_FIX}")
-        dims.append(value)
-    if wan22:  # another architecture that only names the class
-        only = f"the only {WAN_DIFFUSERS_CLASS} read here"
-        raise CheckpointError(f"{meta}: {wan22[0]} is no Wan2.1 VAE's, {only}; {_FIX}")
-    for name, wan21 in {**_ARCHITECTURE, **_WAN21_ONLY}.items():
-        if name in data and data[name] != wan21:
+    for name, wanted in {**_ARCHITECTURE, **_VARIANT_FIELDS[variant]}.items():
+        value = data.get(name, _DEFAULTS[name])
+        if json.dumps(value) != json.dumps(wanted):  # types too: 12.0 or true are no channel counts
+            why = "is_residual is true" if variant == WAN22 else "is_residual is false or left out"
             raise CheckpointError(
-                f"{meta}: {name}={shown(data[name])}, but the Wan2.1 VAE has {json.dumps(wan21)}: not a Wan2.1 "
-                f"VAE, which is the only {WAN_DIFFUSERS_CLASS} tokenizer-posttrain reads"
+                f"{meta}: {name}={shown(value)}, but the {variant} VAE has {json.dumps(wanted)} ({why}): no Wan "
+                f"VAE that tokenizer-posttrain reads ({' or '.join(VARIANTS)}); {_FIX}"
             )
-    return dims[0], dims[1], data
+    return WanVAE(variant, dim, z_dim, dec_dim), data
+
+
+def wan_diffusers_variant(folder: str | Path) -> WanVAE:
+    """Which Wan VAE the ``AutoencoderKLWan`` folder ``folder`` holds, from its config.json alone (checked as
+    :func:`read_wan_diffusers` checks it)."""
+    return _read_config(Path(folder))[0]
 
 
 def wan_diffusers_latents(folder: str | Path) -> tuple[list[float], list[float]]:
     """The per-channel ``(latents_mean, latents_std)`` of the ``AutoencoderKLWan`` folder ``folder`` (diffusers'
-    defaults, the official Wan2.1 constants, where its config.json leaves them out, as diffusers does);
-    :class:`CheckpointError` naming the file when they are not ``z_dim`` finite numbers each (std > 0)."""
+    defaults, the official Wan2.1 constants, where its config.json leaves them out, as diffusers does: 16 numbers,
+    which a Wan2.2 folder cannot do without); :class:`CheckpointError` naming the file when they are not ``z_dim``
+    finite numbers each (std > 0)."""
     folder = Path(folder)
-    _, z_dim, data = _wan21_config(folder)
+    vae, data = _read_config(folder)
     mean, std = data.get("latents_mean", WAN21_LATENTS_MEAN), data.get("latents_std", WAN21_LATENTS_STD)
-    problem = _statistics(mean, std, z_dim)
+    problem = _statistics(mean, std, vae.z_dim)
     if problem:
         raise CheckpointError(f"{folder / CONFIG_JSON}: {problem}; {_FIX}")
     return [float(v) for v in mean], [float(v) for v in std]
 
 
-def read_wan_diffusers(folder: str | Path) -> Weights:
-    """Read a diffusers ``AutoencoderKLWan`` folder of a Wan2.1 VAE (``config.json`` +
-    ``diffusion_pytorch_model.safetensors``) as weights in the official ``WanVAE_`` key layout (``config`` None:
-    the network is built from ``dim`` / ``z_dim`` by the caller). Strict: a key missing from the file, one it has
-    over, or a shape that differs from what its config.json describes is a :class:`CheckpointError` naming them
-    (in diffusers' names, as the file has them), as is a Wan2.2 config or a missing or unreadable file."""
+def read_wan_diffusers(folder: str | Path) -> WanWeights:
+    """Read a diffusers ``AutoencoderKLWan`` folder of a Wan2.1 or Wan2.2 VAE (``config.json`` +
+    ``diffusion_pytorch_model.safetensors``) as weights in the official ``WanVAE_`` key layout of that VAE, with
+    which VAE it is (``vae``: variant and sizes). Strict: a key missing from the file, one it has over, or a shape
+    that differs from what its config.json describes is a :class:`CheckpointError` naming them (in diffusers'
+    names, as the file has them), as is a config of any other VAE or a missing or unreadable file."""
     folder = Path(folder)
-    dim, z_dim, _ = _wan21_config(folder)
+    vae, _ = _read_config(folder)
     state = diffusers_weights(folder, WAN_DIFFUSERS_CLASS)
     weights = folder / DIFFUSERS_WEIGHTS
-    diff = diff_layout(state, diffusers_shapes(dim, z_dim))
+    diff = diff_layout(state, {theirs: shape for _, theirs, shape in _walk(vae)})
     if diff.size:
         raise CheckpointError(
-            f"{weights}: the weights do not fit the Wan2.1 {WAN_DIFFUSERS_CLASS} (base_dim={dim}, z_dim={z_dim}) "
+            f"{weights}: the weights do not fit the {vae.variant} {WAN_DIFFUSERS_CLASS} ({vae.diffusers_sizes()}) "
             f"that {CONFIG_JSON} describes, so it was altered or belongs to another folder ({_FIX}): "
             f"{diff.describe()}"
         )
-    return Weights({official_key(k): v for k, v in state.items()}, str(weights), None)
+    names = _names(vae.variant)[1]
+    return WanWeights({names[k]: v for k, v in state.items()}, str(weights), None, vae=vae)
