@@ -5,6 +5,7 @@ settings steer. Nothing here knows about training, files or data."""
 from . import (
     cosmos,  # noqa: F401  (registers the Cosmos family)
     wan21,  # noqa: F401  (registers the Wan2.1 family)
+    wan22,  # noqa: F401  (registers the Wan2.2 family)
 )
 from .family import (
     FAMILIES,
