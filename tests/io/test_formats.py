@@ -31,7 +31,7 @@ from tokenizer_posttrain.network.cosmos import REGISTRY, CausalVideoTokenizer
 
 
 def test_the_table_holds_each_family_s_format_then_diffusers() -> None:
-    assert list(FORMATS) == ["cosmos", "wan21", "diffusers"] and DEFAULT_FORMAT == "cosmos"
+    assert list(FORMATS) == ["cosmos", "wan21", "wan22", "diffusers"] and DEFAULT_FORMAT == "cosmos"
     cosmos, diffusers = FORMATS["cosmos"], FORMATS["diffusers"]
     assert cosmos.files == ("encoder.jit", "decoder.jit", "autoencoder.jit", "model.safetensors", "config.json")
     assert cosmos.stats_beside and not cosmos.needs_stats and not cosmos.subfolder
@@ -46,9 +46,9 @@ def test_names_parse_in_table_order_and_an_unknown_one_is_named() -> None:
     assert parse_formats("diffusers, cosmos,diffusers") == ("cosmos", "diffusers")
     assert parse_formats(["diffusers"]) == ("diffusers",)
     assert unknown_formats(["onnx", "cosmos", "gguf", "onnx"]) == ["onnx", "gguf"]
-    assert format_choices() == "cosmos, wan21, diffusers or several"
-    assert formats_metavar() == "{cosmos,wan21,diffusers}[,...]"
-    with pytest.raises(ValueError, match=r"^unknown format 'onnx' in 'cosmos,onnx': use cosmos, wan21, diffusers or"):
+    assert format_choices() == "cosmos, wan21, wan22, diffusers or several"
+    assert formats_metavar() == "{cosmos,wan21,wan22,diffusers}[,...]"
+    with pytest.raises(ValueError, match=r"^unknown format 'onnx' in 'cosmos,onnx': use cosmos, wan21, wan22, diffusers or"):
         parse_formats("cosmos,onnx")
 
 
@@ -115,7 +115,7 @@ def test_a_registered_format_is_exported_and_described_with_no_other_edit(
     toy: ExportFormat, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     assert parse_formats("toy,cosmos") == ("cosmos", "toy")
-    assert format_choices() == "cosmos, wan21, diffusers, toy or several"
+    assert format_choices() == "cosmos, wan21, wan22, diffusers, toy or several"
     ckpt = str(reference_weights("CV8x8x8"))
     out = tmp_path / "out"
     assert main(["export", "--checkpoint", ckpt, "--out", str(out), "--format", "toy", "--dtype", "bf16"]) == 0

@@ -323,7 +323,7 @@ def test_a_diffusers_export_of_a_discrete_tokenizer_is_refused_before_any_work(t
     base = str(reference_weights("DV8x16x16"))
     with pytest.raises(ExportError, match="no diffusers format for DV8x16x16"):
         run_posttrain(base, str(tmp_path / "videos"), str(tmp_path / "run"), formats=["cosmos", "diffusers"])
-    with pytest.raises(UserError, match="unknown format 'onnx'; use cosmos, wan21, diffusers or several"):
+    with pytest.raises(UserError, match="unknown format 'onnx'; use cosmos, wan21, wan22, diffusers or several"):
         run_posttrain(base, str(tmp_path / "videos"), str(tmp_path / "run"), formats=["onnx"])
     assert not (tmp_path / "run").exists()
 

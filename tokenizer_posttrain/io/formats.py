@@ -29,6 +29,8 @@ from .diffusers_format import (
 )
 from .export import export_state_dict, export_tokenizer, prepared_copy
 from .layout import CONFIG_JSON, JIT_AUTOENCODER, JIT_DECODER, JIT_ENCODER, SAFETENSORS
+from .wan_diffusers import WAN21 as WAN21_VARIANT
+from .wan_diffusers import WAN22 as WAN22_VARIANT
 from .wan_diffusers import WAN_DIFFUSERS_CLASS, write_wan_diffusers
 
 Writer = Callable[[VideoTokenizer, Path, LatentMoments | None, torch.dtype], list[str]]
@@ -96,7 +98,7 @@ def _cosmos_card(subfolder: str) -> str:
 def _write_diffusers(
     network: VideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype
 ) -> list[str]:
-    if family_of(network.config).name == "wan21":
+    if family_of(network.config).name in _WAN_VARIANTS:
         return _write_wan_diffusers(network, folder, stats, dtype)
     write_diffusers(network, folder, stats, dtype=dtype)
     return [f"{CONFIG_JSON} ({DIFFUSERS_CLASS}, latents_mean/latents_std)", DIFFUSERS_WEIGHTS]
@@ -111,6 +113,10 @@ def per_channel(stats: LatentMoments) -> tuple[list[float], list[float]]:
     return pooled.tolist(), variance.clamp_min(0).sqrt().tolist()
 
 
+_WAN_VARIANTS = {"wan21": WAN21_VARIANT, "wan22": WAN22_VARIANT}
+"""The Wan families -> the VAE :mod:`.wan_diffusers` writes for each (one diffusers class holds both)."""
+
+
 def _write_wan_diffusers(
     network: VideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype
 ) -> list[str]:
@@ -119,7 +125,12 @@ def _write_wan_diffusers(
     net = prepared_copy(network, folder, dtype)
     mean, std = per_channel(stats)
     cfg = net.config
-    written = write_wan_diffusers(net.state_dict(), cfg.channels, cfg.latent_dim, folder, mean, std, dtype)
+    variant = _WAN_VARIANTS[family_of(cfg).name]
+    # Wan2.2's decoder has a width of its own (256 against the encoder's 160 in the release).
+    dec_dim = getattr(cfg, "dec_channels", None)
+    written = write_wan_diffusers(
+        net.state_dict(), cfg.channels, cfg.latent_dim, folder, mean, std, dtype, variant=variant, dec_dim=dec_dim
+    )
     return [
         f"{name} ({WAN_DIFFUSERS_CLASS}, latents_mean/latents_std)" if name == CONFIG_JSON else name for name in written
     ]
@@ -128,7 +139,7 @@ def _write_wan_diffusers(
 def _diffusers_card(subfolder: str) -> str:
     where = f"`{subfolder}/` holds them" if subfolder else "Exported by tokenizer-posttrain"
     return (
-        f"{where} as a diffusers folder (`{DIFFUSERS_CLASS}` for Cosmos, `{WAN_DIFFUSERS_CLASS}` for the Wan2.1 VAE), "
+        f"{where} as a diffusers folder (`{DIFFUSERS_CLASS}` for Cosmos, `{WAN_DIFFUSERS_CLASS}` for the Wan VAEs), "
         "which the class's `from_pretrained` loads and a diffusers pipeline takes as its `vae`; its `config.json` "
         "holds the latent statistics (`latents_mean`, `latents_std`)."
     )
@@ -156,15 +167,15 @@ DIFFUSERS = ExportFormat(
     name="diffusers",
     what="diffusers folder",
     files=(CONFIG_JSON, DIFFUSERS_WEIGHTS),
-    help="a diffusers folder in OUT (AutoencoderKLCosmos for Cosmos CV models, AutoencoderKLWan for the Wan2.1 "
-    "VAE: config.json with latents_mean/latents_std, diffusion_pytorch_model.safetensors) that from_pretrained "
+    help="a diffusers folder in OUT (AutoencoderKLCosmos for Cosmos CV models, AutoencoderKLWan for the Wan "
+    "VAEs: config.json with latents_mean/latents_std, diffusion_pytorch_model.safetensors) that from_pretrained "
     "loads and the pipelines take as their vae; needs --latent-stats",
     card=_diffusers_card,
     write=_write_diffusers,
     # diffusers_class raises for a diffusers folder whose config.json is damaged: never overwritten unseen.
     found_in=lambda folder: bool(diffusers_class(folder)),
     check=_check_diffusers,
-    families=("cosmos", "wan21"),
+    families=("cosmos", "wan21", "wan22"),
     subfolder=PIPELINE_SUBFOLDER,
     needs_stats="diffusers' Cosmos pipelines normalize latents with the latents_mean/latents_std of the vae's "
     "config.json, which come from the latent statistics",
@@ -172,35 +183,42 @@ DIFFUSERS = ExportFormat(
 
 WAN21_PTH = "Wan2.1_VAE.pth"
 """The name Wan gives the file; Cosmos-Predict2.5 ships the same dict as ``tokenizer.pth`` (any name loads)."""
+WAN22_PTH = "Wan2.2_VAE.pth"
+"""The name Wan2.2-TI2V-5B gives the file, which the Cosmos 3 recipes take as their video encoder."""
 
 
-def _write_wan21(network: VideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype) -> list[str]:
-    export_state_dict(network, folder, WAN21_PTH, dtype=dtype)
-    return [WAN21_PTH, SAFETENSORS, CONFIG_JSON]
+def _wan_format(family: str, pth: str, release: str, consumers: str) -> ExportFormat:
+    """A Wan VAE's own format: its state dict as the plain ``.pth`` Wan's code loads strictly, and ours."""
 
+    def write(network: VideoTokenizer, folder: Path, stats: LatentMoments | None, dtype: torch.dtype) -> list[str]:
+        export_state_dict(network, folder, pth, dtype=dtype)
+        return [pth, SAFETENSORS, CONFIG_JSON]
 
-def _wan21_card(subfolder: str) -> str:
-    return (
-        f"Exported by tokenizer-posttrain in Wan's own layout: `{WAN21_PTH}` is the plain state dict that Wan2.1's "
-        "`WanVAE` and Cosmos-Predict2.5 / Transfer2.5 (as `tokenizer.pth`) load strictly; `model.safetensors` holds "
-        "the same weights."
+    def card(subfolder: str) -> str:
+        return (
+            f"Exported by tokenizer-posttrain in Wan's own layout: `{pth}` is the plain state dict that {consumers} "
+            "load strictly; `model.safetensors` holds the same weights."
+        )
+
+    return ExportFormat(
+        name=family,
+        what=f"{release} VAE export",
+        files=(pth, SAFETENSORS, CONFIG_JSON),
+        help=f"{pth} (the state dict {consumers} load), model.safetensors, config.json in OUT: {release} VAE only",
+        card=card,
+        write=write,
+        found_in=lambda folder: (folder / pth).is_file(),
+        families=(family,),
+        stats_beside=True,
     )
 
 
-WAN21 = ExportFormat(
-    name="wan21",
-    what="Wan2.1 VAE export",
-    files=(WAN21_PTH, SAFETENSORS, CONFIG_JSON),
-    help=f"{WAN21_PTH} (the state dict Wan's code and Cosmos-Predict2.5 load), model.safetensors, config.json in "
-    "OUT: Wan2.1 VAE only",
-    card=_wan21_card,
-    write=_write_wan21,
-    found_in=lambda folder: (folder / WAN21_PTH).is_file(),
-    families=("wan21",),
-    stats_beside=True,
+WAN21 = _wan_format(
+    "wan21", WAN21_PTH, "Wan2.1", "Wan2.1's `WanVAE` and Cosmos-Predict2.5 / Transfer2.5 (as `tokenizer.pth`)"
 )
+WAN22 = _wan_format("wan22", WAN22_PTH, "Wan2.2", "Wan2.2's `Wan2_2_VAE` and the Cosmos 3 recipes")
 
-FORMATS: dict[str, ExportFormat] = {COSMOS.name: COSMOS, WAN21.name: WAN21, DIFFUSERS.name: DIFFUSERS}
+FORMATS: dict[str, ExportFormat] = {fmt.name: fmt for fmt in (COSMOS, WAN21, WAN22, DIFFUSERS)}
 """Every export format by name, in the order they are written (and named in the card and the messages): each
 family's own format before the formats several families share."""
 DEFAULT_FORMAT = COSMOS.name
@@ -268,7 +286,7 @@ def placements(names: Iterable[str]) -> list[tuple[ExportFormat, str]]:
 
 
 def formats_metavar() -> str:
-    """``--format``'s metavar: a value, or several joined by commas (``{cosmos,wan21,diffusers}[,...]``)."""
+    """``--format``'s metavar: a value, or several joined by commas (``{cosmos,wan21,wan22,diffusers}[,...]``)."""
     return "{" + ",".join(FORMATS) + "}[,...]"
 
 
