@@ -3,4 +3,4 @@
 Importing this package registers every factory with NeMo-Run.
 """
 
-from . import cosmos_finetune, cv8x8x8, dv8x16x16, tiny, wan21  # noqa: F401  (registration side effect)
+from . import cosmos_finetune, cv8x8x8, dv8x16x16, tiny, wan21, wan22  # noqa: F401  (registration side effect)

@@ -118,7 +118,11 @@ def test_the_public_api_comes_from_the_package() -> None:
     assert set(api.__all__) >= {"build_tokenizer", "load_tokenizer", "export_tokenizer", "Encoding"}
 
 
-FAMILY_FOLDERS = ("tokenizer_posttrain.network.cosmos", "tokenizer_posttrain.network.wan21")
+FAMILY_FOLDERS = (
+    "tokenizer_posttrain.network.cosmos",
+    "tokenizer_posttrain.network.wan21",
+    "tokenizer_posttrain.network.wan22",
+)
 """Each tokenizer family's folder: only its own modules name its classes and submodules."""
 FAMILY_FORMATS = {
     "tokenizer_posttrain": "the public API hands on CausalVideoTokenizer, TokenizerConfig and REGISTRY",

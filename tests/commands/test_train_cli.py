@@ -362,5 +362,5 @@ def test_help_of_another_recipe_shows_its_values_and_an_unknown_recipe_is_named(
     assert run_cli_in_process(train, recipes.cv8x8x8.cv8x8x8, ["--factory", "tinny"]) == 1
     assert capsys.readouterr().err == (
         "error: --factory tinny: no such recipe; the recipes are cosmos_finetune, cv8x8x8, dv8x16x16, tiny, tiny_dv, "
-        "tiny_wan21, wan21\n"
+        "tiny_wan21, tiny_wan22, wan21, wan22\n"
     )

@@ -276,7 +276,10 @@ def _tampered_folder(tmp_path: Path, tamper: Callable[[Path], None]) -> Path:
         (_edit_config(attention_resolutions=[64]), r"puts attention inside the levels at resolution \[64\]"),
         (_edit_config(temporal_compression_ratio=2), r"no Cosmos tokenizer compresses 2x8x8 with patch_size 4"),
         # A Cosmos config that names diffusers' Wan class is read as a Wan folder, which it is not.
-        (_edit_config(_class_name="AutoencoderKLWan"), r"patch_size=4 is no Wan2.1 VAE's, the only AutoencoderKLWan"),
+        (
+            _edit_config(_class_name="AutoencoderKLWan"),
+            r"patch_size=4, but the Wan2.1 VAE has null .* no Wan VAE that tokenizer-posttrain reads",
+        ),
         (lambda f: (f / "config.json").write_text("{"),
          r"config.json is not valid JSON \(Expecting .* at line 1, column 2\); copy, download or export the folder"),
     ],

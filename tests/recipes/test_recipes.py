@@ -17,6 +17,8 @@ FACTORIES = {
     "tiny_dv": (recipes.tiny.tiny_dv, "DV8x16x16"),
     "tiny_wan21": (recipes.wan21.tiny_wan21, "Wan2.1-VAE"),
     "wan21": (recipes.wan21.wan21, "Wan2.1-VAE"),
+    "tiny_wan22": (recipes.wan22.tiny_wan22, "Wan2.2-VAE"),
+    "wan22": (recipes.wan22.wan22, "Wan2.2-VAE"),
 }
 
 
@@ -48,6 +50,27 @@ def test_gpu_recipes_use_nemo_defaults() -> None:
     assert kw["model"] == ModelConfig(
         model="Cosmos-1.0-Tokenizer-CV8x8x8", compile=True, cuda_graphs=True, channels_last=True
     )
+
+
+def test_the_wan22_recipes_checkpoint_activations_on_a_gpu_and_stay_tiny_on_a_cpu() -> None:
+    from tokenizer_posttrain.network import get_config
+    from tokenizer_posttrain.training.train import check_clip_shape, check_loss_clips
+
+    gpu, cpu = (fdl.build(fn()).keywords for fn in (recipes.wan22.wan22, recipes.wan22.tiny_wan22))
+    assert gpu["model"] == ModelConfig(
+        model="Wan2.2-VAE",
+        compile=True,
+        cuda_graphs=True,
+        channels_last=True,
+        sample_posterior=True,
+        activation_checkpointing=True,
+    )
+    for kw in (gpu, cpu):
+        check_clip_shape(kw["model"], kw["data"])  # 1 + 4k frames, sides multiples of 16
+        check_loss_clips(kw["model"], kw["data"], kw["loss"])
+    # model.channels scales the decoder's width with the encoder's (160 -> 256 released): 8 -> 12.
+    tiny = get_config(cpu["model"].model, channels=cpu["model"].channels)
+    assert (tiny.channels, tiny.dec_channels, cpu["loss"].weights_at(0)) == (8, 12, {"l1": 1.0, "kl": 1e-6})
 
 
 @pytest.mark.parametrize("factory", ["wan21", "tiny_wan21"])

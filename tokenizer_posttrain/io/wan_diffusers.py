@@ -30,6 +30,7 @@ from torch import Tensor
 
 from ..core.errors import CheckpointError, ExportError
 from ..network.wan21 import WAN21_LATENT_MEAN, WAN21_LATENT_STD
+from ..network.wan22 import WAN22_LATENT_MEAN, WAN22_LATENT_STD
 from .config_json import MAX_LATENT, MAX_WIDTH, read_config_json, shown
 from .diffusers_format import DIFFUSERS_WEIGHTS, diffusers_class, diffusers_weights
 from .export import _atomic_write
@@ -88,24 +89,7 @@ _DEFAULTS: dict[str, Any] = {**_ARCHITECTURE, **_VARIANT_FIELDS[WAN21], "base_di
 """What diffusers builds for a field a config.json leaves out."""
 WAN21_LATENTS_MEAN, WAN21_LATENTS_STD = WAN21_LATENT_MEAN, WAN21_LATENT_STD
 """The official Wan2.1 VAE's per-channel latent statistics: diffusers' default ``latents_mean``/``latents_std``."""
-# fmt: off
-WAN22_LATENTS_MEAN: tuple[float, ...] = (
-    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557,
-    -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825,
-    -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
-    -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230,
-    -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
-    0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
-)
-WAN22_LATENTS_STD: tuple[float, ...] = (
-    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013,
-    0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978,
-    0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
-    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093,
-    0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
-    0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
-)
-# fmt: on
+WAN22_LATENTS_MEAN, WAN22_LATENTS_STD = WAN22_LATENT_MEAN, WAN22_LATENT_STD
 """The official Wan2.2 VAE's 48 per-channel latent statistics, as Wan2.2's ``Wan2_2_VAE`` wrapper
 (``wan/modules/vae2_2.py``) normalizes with. diffusers has no default for them (its defaults are Wan2.1's 16): a
 Wan2.2 folder must write them."""

@@ -4,7 +4,7 @@ nothing outside this folder names its classes or submodules."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from torch import Tensor
@@ -17,7 +17,13 @@ from .vae import Wan21VAE
 
 WEIGHTS_SUFFIX = ".pth"
 """The official weights files' suffix (``Wan2.1_VAE.pth``; Cosmos-Predict2.5's ``tokenizer.pth`` too)."""
-SIGNATURE_KEYS = ("encoder.conv1.weight", "conv1.weight", "conv2.weight", "decoder.conv1.weight")
+SIGNATURE_KEYS = (
+    "encoder.conv1.weight",
+    "conv1.weight",
+    "conv2.weight",
+    "decoder.conv1.weight",
+    "encoder.downsamples.0.residual.0.gamma",  # Wan2.2 nests its levels: its file is the wan22 family's
+)
 """Keys every Wan VAE state dict has: a ``.pth`` holding them is read as one."""
 
 
@@ -40,23 +46,29 @@ def _sizes(state: Mapping[str, Tensor], config: NetworkConfig) -> dict[str, int]
     return sizes
 
 
-def read_pth(path: Path) -> dict[str, Tensor] | None:
-    """The tensors of a Wan VAE ``.pth`` state dict (read weights-only: nothing in it runs), or None when
-    ``path`` is not a ``.pth`` file or holds another model's tensors. A ``.pth`` that is not a plain dict of
-    tensors raises a one-line :class:`CheckpointError` naming it."""
-    if path.suffix.lower() != WEIGHTS_SUFFIX or not path.is_file():
-        return None
-    content = load_torch_file(path)
-    if not isinstance(content, dict) or not all(
-        isinstance(k, str) and isinstance(v, Tensor) for k, v in content.items()
-    ):
-        raise CheckpointError(
-            f"{path} is not a state dict of tensors (a Wan VAE .pth holds one dict of parameter name -> tensor); "
-            "pass the VAE's weights file itself"
-        )
-    if not all(key in content for key in SIGNATURE_KEYS):
-        return None
-    return content
+def pth_reader(signature: tuple[str, ...]) -> Callable[[Path], dict[str, Tensor] | None]:
+    """A reader of Wan VAE ``.pth`` state dicts (read weights-only: nothing in them runs) that claims the files
+    holding every key of ``signature``: their tensors, else None (not a ``.pth``, or another model's). A ``.pth``
+    that is not a plain dict of tensors raises a one-line :class:`CheckpointError` naming it."""
+
+    def read(path: Path) -> dict[str, Tensor] | None:
+        if path.suffix.lower() != WEIGHTS_SUFFIX or not path.is_file():
+            return None
+        content = load_torch_file(path)
+        if not isinstance(content, dict) or not all(
+            isinstance(k, str) and isinstance(v, Tensor) for k, v in content.items()
+        ):
+            raise CheckpointError(
+                f"{path} is not a state dict of tensors (a Wan VAE .pth holds one dict of parameter name -> "
+                "tensor); pass the VAE's weights file itself"
+            )
+        return content if all(key in content for key in signature) else None
+
+    return read
+
+
+read_pth = pth_reader(SIGNATURE_KEYS)
+"""Wan2.1 VAE ``.pth`` files (Wan's ``Wan2.1_VAE.pth``, NVIDIA's ``tokenizer.pth``)."""
 
 
 WAN21 = register_family(

@@ -6,18 +6,14 @@ names its classes or submodules."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 from torch import Tensor
 
-from ...core.errors import CheckpointError
-from ...core.untrusted import load_torch_file
 from ..family import NetworkConfig, TokenizerFamily, VideoTokenizer, register_family
+from ..wan21 import pth_reader
 from .registry import FAMILY, PREFIXES, REGISTRY, WAN22_LATENT_MEAN, WAN22_LATENT_STD, Wan22Config, config_from_dict
 from .vae import Wan22VAE
 
-WEIGHTS_SUFFIX = ".pth"
-"""The official weights file's suffix (``Wan2.2_VAE.pth``)."""
 SIGNATURE_KEYS = (
     "encoder.conv1.weight",
     "conv1.weight",
@@ -48,23 +44,8 @@ def _sizes(state: Mapping[str, Tensor], config: NetworkConfig) -> dict[str, int]
     return sizes
 
 
-def read_pth(path: Path) -> dict[str, Tensor] | None:
-    """The tensors of a Wan2.2 VAE ``.pth`` state dict (read weights-only: nothing in it runs), or None when
-    ``path`` is not a ``.pth`` file or holds another model's tensors (a Wan2.1 VAE's too). A ``.pth`` that is not
-    a plain dict of tensors raises a one-line :class:`CheckpointError` naming it."""
-    if path.suffix.lower() != WEIGHTS_SUFFIX or not path.is_file():
-        return None
-    content = load_torch_file(path)
-    if not isinstance(content, dict) or not all(
-        isinstance(k, str) and isinstance(v, Tensor) for k, v in content.items()
-    ):
-        raise CheckpointError(
-            f"{path} is not a state dict of tensors (a Wan VAE .pth holds one dict of parameter name -> tensor); "
-            "pass the VAE's weights file itself"
-        )
-    if not all(key in content for key in SIGNATURE_KEYS):
-        return None
-    return content
+read_pth = pth_reader(SIGNATURE_KEYS)
+"""Wan2.2 VAE ``.pth`` files (``Wan2.2_VAE.pth``); a Wan2.1 VAE's lacks the nested level keys."""
 
 
 WAN22 = register_family(

@@ -153,11 +153,16 @@ class Wan22Config:
         return clip_rule_problems(self.temporal_compression, self.spatial_compression, frames, height, width, names)
 
     def replace(self, **overrides: Any) -> Wan22Config:
-        """A copy with some fields changed (e.g. ``channels=8, dec_channels=12, z_dim=8`` for the tiny model)."""
+        """A copy with some fields changed (e.g. ``channels=8, dec_channels=12, z_dim=8`` for the tiny model).
+
+        ``channels`` alone scales the decoder's width with it (``model.channels`` is the one width setting a run
+        has): 160 -> 256 in the release, so ``channels=8`` gives a decoder of width 12."""
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise ValueError(f"unknown Wan2.2 config field(s) {unknown}; known: {sorted(known)}")
+        if "channels" in overrides and "dec_channels" not in overrides:
+            overrides = {**overrides, "dec_channels": overrides["channels"] * self.dec_channels // self.channels}
         return dataclasses.replace(self, **_tupled(overrides))
 
     def to_dict(self) -> dict[str, Any]:
