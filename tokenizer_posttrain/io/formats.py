@@ -216,7 +216,7 @@ def _wan_format(family: str, pth: str, release: str, consumers: str) -> ExportFo
 WAN21 = _wan_format(
     "wan21", WAN21_PTH, "Wan2.1", "Wan2.1's `WanVAE` and Cosmos-Predict2.5 / Transfer2.5 (as `tokenizer.pth`)"
 )
-WAN22 = _wan_format("wan22", WAN22_PTH, "Wan2.2", "Wan2.2's `Wan2_2_VAE` and the Cosmos 3 recipes")
+WAN22 = _wan_format("wan22", WAN22_PTH, "Wan2.2", "Wan2.2's `Wan2_2_VAE` (and with it the Cosmos 3 recipes)")
 
 FORMATS: dict[str, ExportFormat] = {fmt.name: fmt for fmt in (COSMOS, WAN21, WAN22, DIFFUSERS)}
 """Every export format by name, in the order they are written (and named in the card and the messages): each
