@@ -150,3 +150,41 @@ def test_export_of_a_wan_vae_writes_the_predict25_files_and_the_shift_from_the_c
     card = (out / "README.md").read_text()
     assert "## Latent statistics against the base" in card and "per-channel constants" in card
     assert "| latent statistics | measured on 2 clips of" in card and "`load_mean_std=True`" in card
+
+
+def test_export_of_a_wan22_vae_writes_its_file_48_channel_statistics_and_a_folder_diffusers_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from diffusers import AutoencoderKLWan
+
+    from tests.evaluation.wan_base import WAN22, tiny_wan_pth
+    from tokenizer_posttrain.evaluation.latent_shift import shift_from_base, shift_line
+    from tokenizer_posttrain.evaluation.latent_stats import base_latent_stats, read_latent_stats
+    from tokenizer_posttrain.network.wan22 import WAN22_LATENT_MEAN
+
+    base = tiny_wan_pth(tmp_path / "base", model=WAN22)
+    data = write_energon_dataset(tmp_path / "data", {f"v{i}": encode_video(5, 16, 16, seed=i) for i in range(2)})
+    out = tmp_path / "out"
+    stats = ["--latent-stats", str(data), "--stats-clips", "2", "--stats-frames", "5", "--stats-size", "16"]
+    assert main(["export", "--checkpoint", str(base), "--out", str(out), "--format", "wan22,diffusers", *stats]) == 0
+    printed = capsys.readouterr().out
+    assert {"Wan2.2_VAE.pth", "video_mean_std.pt", "images_mean_std.pt", "README.md"} <= {p.name for p in out.iterdir()}
+    config = load_tokenizer(base).config
+    measured = read_latent_stats(out, config)
+    assert measured is not None and measured.mean.shape == (48, 32)
+    # The shift printed is the one from Wan2.2's 48 constants (no statistics files beside the base).
+    constants = base_latent_stats(config)
+    assert constants is not None and constants.mean[:, 0].tolist() == pytest.approx(WAN22_LATENT_MEAN)
+    shift = shift_from_base(measured, config, base=None)
+    assert shift is not None and len(shift["channels"]) == 48 and shift_line(shift) in printed
+    # The diffusers folder: Wan2.2's AutoencoderKLWan with the measured statistics pooled per channel...
+    vae = AutoencoderKLWan.from_pretrained(out / "vae").eval()
+    assert vae.config.z_dim == 48 and vae.config.is_residual and vae.config.decoder_base_dim == 12
+    assert vae.config.latents_mean[47] == pytest.approx(measured.mean[47].mean().item(), abs=1e-5)
+    # ...computing our round trip of the posterior mean, clipped to [-1, 1] as diffusers' decoder output is.
+    ours = load_tokenizer(out / "Wan2.2_VAE.pth").eval()
+    video = torch.rand(1, 3, 5, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        theirs, want = vae(video).sample, ours(video).clamp(-1, 1)
+    assert (want.abs() < 1).float().mean() > 0.9  # mostly inside the clip: a comparison of values, not of +-1
+    torch.testing.assert_close(theirs, want, rtol=0, atol=1e-4)

@@ -241,25 +241,29 @@ def test_several_clips_per_held_out_video_and_a_verdict_on_them(
     assert two["n_clips"] == 6
 
 
+@pytest.mark.parametrize(("wan", "channels"), [("Wan2.1-VAE", 16), ("Wan2.2-VAE", 48)], ids=["wan21", "wan22"])
 def test_a_wan_vae_against_its_base_drift_on_the_posterior_mean_and_shift_from_the_constants(
-    dataset: Path, tmp_path: Path
+    dataset: Path, tmp_path: Path, wan: str, channels: int
 ) -> None:
     from tests.evaluation.wan_base import tiny_wan, tiny_wan_pth
     from tokenizer_posttrain.evaluation.latent_stats import latent_statistics
 
-    base = tiny_wan_pth(tmp_path / "base")
+    base = tiny_wan_pth(tmp_path / "base", model=wan)
     # The "post-trained" model: another draw of weights, in a folder with its Predict2.5 statistics files.
-    model = tiny_wan_pth(tmp_path / "model", seed=1)
-    latent_statistics(tiny_wan(seed=1), [torch.rand(3, 5, 16, 16) * 2 - 1], max_clips=1).write(tmp_path / "model")
+    model = tiny_wan_pth(tmp_path / "model", seed=1, model=wan)
+    latent_statistics(tiny_wan(seed=1, model=wan), [torch.rand(3, 5, 16, 16) * 2 - 1], max_clips=1).write(
+        tmp_path / "model"
+    )
     options = {"frames": 5, "size": 16, "max_clips": 2, "videos_per_side": 1}
     results = evaluate(str(model), str(dataset), str(tmp_path / "eval"), baseline=str(base), **options)
-    assert results["model"]["kind"] == "continuous" and results["model"]["name"] == "Wan2.1-VAE"
+    assert results["model"]["kind"] == "continuous" and results["model"]["name"] == wan
     for key in ("psnr", "ssim", "flicker"):
         assert math.isfinite(results["metrics"][key]) and math.isfinite(results["baseline_metrics"][key])
     assert results["comparison"]["latent_drift"] > 0
-    # Measured against the 16 constants every Wan consumer hard-codes: in the results, the report and the card.
+    # Measured against the per-channel constants every Wan consumer hard-codes (16 for Wan2.1, 48 for Wan2.2): in
+    # the results, the report and the card.
     shift = results["latent_stats_shift"]
-    assert shift["reference"] == "constants" and len(shift["channels"]) == 16 and shift["positions"] == 32
+    assert shift["reference"] == "constants" and len(shift["channels"]) == channels and shift["positions"] == 32
     assert "per-channel constants" in (tmp_path / "eval" / "report.md").read_text()
     # The same model as its own baseline: no drift.
     same = evaluate(str(base), str(dataset), str(tmp_path / "same"), baseline=str(base), **options)
