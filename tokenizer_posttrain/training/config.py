@@ -81,11 +81,12 @@ class ModelConfig:
 
     model: str = "Cosmos-1.0-Tokenizer-CV8x8x8"
     """Model name: any name of a family in tokenizer_posttrain.network (Cosmos: Cosmos-1.0-Tokenizer-CV8x8x8,
-    -CV8x16x16, -CV4x8x8, -CV4x8x8-LowRes, -DV8x16x16, -DV8x8x8, -DV4x8x8, -DV4x8x8-LowRes; Wan: Wan2.1-VAE); the
-    Cosmos-0.1- prefix and the short names (CV8x8x8) work too."""
+    -CV8x16x16, -CV4x8x8, -CV4x8x8-LowRes, -DV8x16x16, -DV8x8x8, -DV4x8x8, -DV4x8x8-LowRes; Wan: Wan2.1-VAE,
+    Wan2.2-VAE); the Cosmos-0.1- prefix and the short names (CV8x8x8) work too."""
     jit_ckpt_pth: Optional[str] = None
     """Checkpoint folder (autoencoder.jit, or encoder.jit + decoder.jit) or file (.jit,
-    .safetensors, .ckpt; Wan: Wan2.1_VAE.pth). None trains from random weights (with a warning)."""
+    .safetensors, .ckpt; Wan: Wan2.1_VAE.pth, Wan2.2_VAE.pth, a diffusers vae/ folder). None trains from random
+    weights (with a warning)."""
     channels: Optional[int] = None
     """Base width override; 16 gives the tiny models used on CPUs and in tests."""
     trainable: str = "all"
@@ -403,7 +404,8 @@ class LogConfig:
     """Run name: the run folder is <log_dir>/<name>."""
     export_on_end: bool = True
     """Export the model in its family's own format to <run>/export when training ends (Cosmos:
-    encoder.jit/decoder.jit/autoencoder.jit; Wan: Wan2.1_VAE.pth), with model.safetensors and config.json."""
+    encoder.jit/decoder.jit/autoencoder.jit; Wan: Wan2.1_VAE.pth or Wan2.2_VAE.pth), with model.safetensors and
+    config.json."""
     latent_stats_clips: Optional[int] = None
     """Clips the end-of-run export of a continuous tokenizer measures mean_std.pt on (the latent statistics the
     Cosmos world models normalize with) when its encoder trained; drawn from data.path, or synthetic clips without
