@@ -15,7 +15,7 @@ from tokenizer_posttrain.losses.consistency import ConsistencyConfig
 from tokenizer_posttrain.losses.flow import FlowConfig
 from tokenizer_posttrain.losses.gram import GramConfig
 from tokenizer_posttrain.losses.high_freq import HighFreqConfig
-from tokenizer_posttrain.losses.kl import KLConfig
+from tokenizer_posttrain.losses.kl import VAE_KL_WEIGHT, KLConfig
 from tokenizer_posttrain.losses.l1 import L1Config
 from tokenizer_posttrain.losses.perceptual import PerceptualConfig
 from tokenizer_posttrain.training import run_config
@@ -66,7 +66,7 @@ def cosmos_loss() -> run.Config[LossConfig]:
     )
 
 
-def wan_loss(perceptual_weight: float = 0.1, kl_weight: float = 1e-6) -> run.Config[LossConfig]:
+def wan_loss(perceptual_weight: float = 0.1, kl_weight: float = VAE_KL_WEIGHT) -> run.Config[LossConfig]:
     """The loss of a KL-VAE (the Wan2.1 VAE): L1 at weight 1, VGG16 perceptual (0.1; 0 needs no VGG16 file) and the
     posterior's KL term at the 1e-6 of the latent-diffusion VAEs, which holds the posterior near the one the
     world models downstream were trained on."""

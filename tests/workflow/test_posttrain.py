@@ -436,6 +436,10 @@ def test_posttrain_on_a_wan_base_measures_the_statistics_and_their_shift_from_th
     card = (export / "README.md").read_text()
     assert "## Latent statistics against the base" in card and "hard-codes and no file changes" in card
     assert "| latent statistics | computed from 2 training clips; `video_mean_std.pt` and" in card
+    # A VAE trains as its recipes train it: on posterior samples, under the KL term.
+    (trained,) = (tmp_path / "run").glob("*/checkpoints/last.ckpt")
+    settings = torch.load(trained, weights_only=True)["hyper_parameters"]
+    assert settings["model"]["sample_posterior"] and settings["loss"]["kl"]["weight"] == 1e-6
 
 
 def test_a_decoder_only_wan_run_keeps_the_base_constants_and_measures_nothing(

@@ -425,6 +425,22 @@ def _family_format(path: Path, ema: bool) -> Weights | None:
     return None
 
 
+def _plain_state(path: Path) -> Weights | None:
+    """A ``.pth`` that holds a plain dict of tensors (read weights-only), else None (a TorchScript archive under
+    that name is read as one, below)."""
+    try:
+        content = load_torch_file(path)
+    except CheckpointError:
+        return None
+    if (
+        isinstance(content, dict)
+        and content
+        and all(isinstance(k, str) and isinstance(v, Tensor) for k, v in content.items())
+    ):
+        return Weights(content, str(path))
+    return None
+
+
 def read_weights(path: str | Path, ema: bool = False) -> Weights:
     """Read tokenizer weights, normalised to autoencoder-layout keys, from a file or folder (a diffusers
     ``AutoencoderKLCosmos`` folder too, with the config its ``config.json`` describes).
@@ -471,6 +487,10 @@ def read_weights(path: str | Path, ema: bool = False) -> Weights:
     if own is not None:
         return own
     suffix = path.suffix.lower()
+    if suffix == ".pth" and not ema:
+        plain = _plain_state(path)
+        if plain is not None:  # a state dict no family claims: the closest layout and its differences get named
+            return plain
     if suffix == ".safetensors":
         return _read_safetensors(path)
     if suffix == ".ckpt":
@@ -495,9 +515,11 @@ def identify(state: dict[str, Tensor]) -> list[tuple[NetworkConfig, LayoutDiff]]
     results = []
     for family in FAMILIES.values():
         for base in family.configs.values():
-            sizes = {k: v for k, v in family.sizes_of(state, base).items() if getattr(base, k) != v}
+            # Every size the shapes give, also those equal to the release's: one of them may pin another (Wan2.2's
+            # decoder width, which a change of width alone would scale).
+            sizes = dict(family.sizes_of(state, base))
             try:
-                cfg = base.replace(**sizes) if sizes else base
+                cfg = base.replace(**sizes) if any(getattr(base, k) != v for k, v in sizes.items()) else base
             except ValueError:
                 continue
             results.append((cfg, diff_layout(state, expected_shapes(cfg))))

@@ -93,6 +93,7 @@ def diff_layout(state: dict[str, Tensor], expected: dict[str, tuple[int, ...]]) 
 
 
 def describe_config(cfg: NetworkConfig) -> str:
-    """The model name, with its width where it is not the registered one."""
-    base = family_of(cfg).configs[cfg.name]
-    return cfg.name + (f" (channels={cfg.channels})" if cfg.channels != base.channels else "")
+    """The model name, with every setting (its width, its latent channels...) that is not the registered one's."""
+    base = family_of(cfg).configs[cfg.name].to_dict()
+    changed = [f"{k}={v}" for k, v in cfg.to_dict().items() if base.get(k) != v]
+    return cfg.name + (f" ({', '.join(changed)})" if changed else "")

@@ -9,6 +9,9 @@ from torch import Tensor
 from .context import StepContext
 from .terms import Clips, LossTerm, TermConfig
 
+VAE_KL_WEIGHT = 1e-6
+"""The KL weight the VAE recipes and the posttrain workflow train with (the latent-diffusion VAEs')."""
+
 
 @dataclass
 class KLConfig(TermConfig):
@@ -52,4 +55,4 @@ class KLTerm(LossTerm):
         return kl_to_unit_gaussian(context.posterior.mean, context.posterior.logvar)
 
 
-__all__ = ["KLConfig", "KLTerm", "kl_to_unit_gaussian"]
+__all__ = ["VAE_KL_WEIGHT", "KLConfig", "KLTerm", "kl_to_unit_gaussian"]

@@ -57,7 +57,9 @@ from ..io.formats import (
 )
 from ..io.model_card import checkpoint_card
 from ..losses.gan import GANConfig
+from ..losses.kl import VAE_KL_WEIGHT, KLConfig
 from ..losses.perceptual import find_vgg16_weights
+from ..network import family_of, get_config
 from ..network.family import NetworkConfig
 from ..training.acceleration import fast_encoder
 from ..training.config import OptimConfig, ResumeConfig
@@ -208,7 +210,11 @@ def _train_variant(
 
     has_val = "val" in dataset_splits(data_path)
     # The same assembly as the recipes' (run_config), with the dataclasses made at once instead of run.Configs.
-    model = model_config(instance, model_name, base, channels, trainable=trainable, lora_rank=lora_rank)
+    # A VAE trains as the recipes train it: decoding posterior samples, under the KL term (1e-6).
+    vae = family_of(get_config(model_name)).posterior
+    model = model_config(
+        instance, model_name, base, channels, trainable=trainable, lora_rank=lora_rank, sample_posterior=vae
+    )
     data = data_config(
         instance,
         frames,
@@ -219,7 +225,8 @@ def _train_variant(
         path=str(data_path),
         resize_short_side=resize_short_side,
     )
-    loss = loss_config(instance, perceptual_weight=perceptual, gan=gan_config(gan_weight, gan_start))
+    kl = {"kl": KLConfig(weight=VAE_KL_WEIGHT)} if vae else {}
+    loss = loss_config(instance, perceptual_weight=perceptual, gan=gan_config(gan_weight, gan_start), **kl)
     ckpt_dir = Path(run_dir) / name / "checkpoints"
     try:
         done = find_resume_checkpoint(ckpt_dir, ResumeConfig())

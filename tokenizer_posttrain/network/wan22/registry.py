@@ -162,7 +162,11 @@ class Wan22Config:
         if unknown:
             raise ValueError(f"unknown Wan2.2 config field(s) {unknown}; known: {sorted(known)}")
         if "channels" in overrides and "dec_channels" not in overrides:
-            overrides = {**overrides, "dec_channels": overrides["channels"] * self.dec_channels // self.channels}
+            released = REGISTRY[self.name] if self.name in REGISTRY else Wan22Config()
+            overrides = {
+                **overrides,
+                "dec_channels": overrides["channels"] * released.dec_channels // released.channels,
+            }
         return dataclasses.replace(self, **_tupled(overrides))
 
     def to_dict(self) -> dict[str, Any]:
