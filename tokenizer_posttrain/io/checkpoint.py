@@ -22,7 +22,7 @@ from ..core.errors import CheckpointError
 from ..core.untrusted import load_torch_file, special_file
 from ..network import FAMILIES, VideoTokenizer, build_network, config_from_dict, get_config
 from ..network.family import FAMILY_KEY, NetworkConfig
-from .config_json import read_config_json, shown, tokenizer_settings
+from .config_json import MAX_BLOCKS, MAX_LEVELS, MAX_WIDTH, read_config_json, shown, tokenizer_settings
 from .diffusers_format import DIFFUSERS_WEIGHTS, diffusers_class, read_diffusers
 from .jit_archive import read_jit_state
 from .layout import (
@@ -402,8 +402,13 @@ def _config_from_dict(data: Any, where: Path) -> NetworkConfig | None:
         return None
     try:
         if isinstance(data, dict) and data.get(FAMILY_KEY) is not None:
-            # A family after the first records its name; its config type checks its own fields.
-            return config_from_dict(data)
+            # A family after the first records its name; the layout is built from the fields before the weights
+            # are compared, so each is bounded first (a crafted size would build a network without end).
+            _bounded_sizes(data, where)
+            config = config_from_dict(data)
+            if config.name not in FAMILIES[str(data[FAMILY_KEY])].configs:
+                raise CheckpointError(f"{where}: {CONFIG_KEY}.name={shown(config.name)} is not a model of its family")
+            return config
         # Each field checked for type and range first: the layout is built from them before the weights are
         # compared.
         return config_from_dict(tokenizer_settings(data, CONFIG_KEY, where))
@@ -411,6 +416,22 @@ def _config_from_dict(data: Any, where: Path) -> NetworkConfig | None:
         raise
     except (TypeError, ValueError) as err:  # fields each in range that do not fit together
         raise CheckpointError(f"{where}: invalid {CONFIG_KEY}: {err}") from err
+
+
+def _bounded_sizes(data: dict[str, Any], where: Path) -> None:
+    """Every size in a family's recorded config within the bounds config.json's fields have: integers (not
+    booleans) from 0 to MAX_WIDTH, at most MAX_BLOCKS residual blocks, at most MAX_LEVELS levels."""
+    for key, value in data.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        if isinstance(value, list | tuple) and len(value) > MAX_LEVELS:
+            raise CheckpointError(f"{where}: {CONFIG_KEY}.{key} has {len(value)} entries, more than {MAX_LEVELS}")
+        high = MAX_BLOCKS if "blocks" in key else MAX_WIDTH
+        for item in values:
+            if isinstance(item, int) and not isinstance(item, bool) and not 0 <= item <= high:
+                raise CheckpointError(
+                    f"{where}: {CONFIG_KEY}.{key}={shown(item)} is not from 0 to {high}; the file was altered: use "
+                    "the checkpoint or export again"
+                )
 
 
 def _family_format(path: Path, ema: bool) -> Weights | None:

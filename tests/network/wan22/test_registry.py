@@ -96,3 +96,24 @@ def test_a_file_is_built_at_every_size_its_shapes_give(tmp_path: Path) -> None:
     torch.save(state, tmp_path / "broken.pth")
     with pytest.raises(CheckpointError, match=r"Closest is Wan2.2-VAE \(.*\): missing keys: decoder.conv1.weight"):
         load_tokenizer(tmp_path / "broken.pth")
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        ({"num_res_blocks": 1000000}, "num_res_blocks=1000000 is not from 0 to 16"),
+        ({"dim_mult": [1] * 9}, "dim_mult has 9 entries, more than 8"),
+        ({"name": "Wan2.1-VAE"}, "name='Wan2.1-VAE' is not a model of its family"),
+    ],
+)
+def test_a_checkpoint_s_recorded_config_is_bounded_before_anything_is_built(
+    tmp_path: Path, change: dict, refused: str
+) -> None:
+    from safetensors.torch import save_file
+
+    network = build_tokenizer("Wan2.2-VAE", channels=8)
+    save_file(network.state_dict(), str(tmp_path / "model.safetensors"))
+    record = {**network.config.to_dict(), **change}
+    (tmp_path / "config.json").write_text(json.dumps({"model": "Wan2.2-VAE", "tokenizer_config": record}))
+    with pytest.raises(CheckpointError, match=refused):
+        load_tokenizer(tmp_path)
