@@ -21,13 +21,9 @@ from .blocks import AttentionBlock, CausalConv3d, Resample, ResidualBlock, RMSNo
 from .registry import Wan21Config
 
 
-def _to_memory_format(x: Tensor, memory_format: torch.memory_format) -> Tensor:
-    # The default layout adds no operation at all.
-    return x if memory_format == torch.contiguous_format else x.contiguous(memory_format=memory_format)
-
-
-class _Segmented(nn.Module):
-    """Runs its pieces through :func:`~..segments.run_segment`, steered by the training's speed switches."""
+class Segmented(nn.Module):
+    """Runs its pieces through :func:`~..segments.run_segment`, steered by the training's speed switches (the
+    encoders and decoders of both Wan VAEs)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -49,8 +45,48 @@ class _Segmented(nn.Module):
             x = self._run(piece, x)
         return x
 
+    def _formatted(self, x: Tensor) -> Tensor:
+        # The default layout adds no operation at all.
+        fmt = self.memory_format
+        return x if fmt == torch.contiguous_format else x.contiguous(memory_format=fmt)
 
-class Encoder3d(_Segmented):
+
+class DecoderBase(Segmented):
+    """What both Wan decoders share: the stem (``conv1``), the middle blocks, the head (``head``: norm, SiLU and the
+    last convolution, ``head.2``) and the forward pass around their levels (:meth:`_upsample`)."""
+
+    conv1: nn.Module
+    middle: nn.Sequential
+    head: nn.Sequential
+
+    def _stem(self, z: Tensor) -> Tensor:
+        return self.conv1(self._formatted(z))
+
+    def _upsample(self, h: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def head_input(self, h: Tensor) -> Tensor:
+        """What the last convolution (``head.2``) takes: the head's norm and activation of ``h``."""
+        return self.head[1](self.head[0](h))
+
+    def _head_and_input(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        head_input = self.head_input(h)
+        return self.head[2](head_input), head_input
+
+    def forward(self, z: Tensor, with_head_input: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """The output decoded from ``z``; with ``with_head_input``, also the input of the last convolution."""
+        h = run_segment(self._stem, z, self.activation_checkpointing, self.segment_wrapper)
+        assert isinstance(h, Tensor)
+        h = self._upsample(self._run_all(self.middle, h))
+        if with_head_input:
+            # The full-resolution activations: the widest of the decoder, worth recomputing.
+            out = run_segment(self._head_and_input, h, self.activation_checkpointing, self.segment_wrapper)
+            assert isinstance(out, tuple)
+            return out[0], out[1]
+        return self._run(self.head, h)
+
+
+class Encoder3d(Segmented):
     """Video ``[B, 3, 1 + 4k, 8h, 8w]`` -> ``[B, 2 z_dim, 1 + k, h, w]`` (before the posterior's ``conv1``)."""
 
     def __init__(self, cfg: Wan21Config) -> None:
@@ -76,7 +112,7 @@ class Encoder3d(_Segmented):
         self.head = nn.Sequential(RMSNorm(width), nn.SiLU(), CausalConv3d(width, 2 * cfg.z_dim, 3, padding=1))
 
     def _stem(self, x: Tensor) -> Tensor:
-        return self.conv1(_to_memory_format(x, self.memory_format))
+        return self.conv1(self._formatted(x))
 
     def forward(self, x: Tensor) -> Tensor:
         out = run_segment(self._stem, x, self.activation_checkpointing, self.segment_wrapper)
@@ -86,7 +122,7 @@ class Encoder3d(_Segmented):
         return self._run(self.head, out)
 
 
-class Decoder3d(_Segmented):
+class Decoder3d(DecoderBase):
     """``[B, z_dim, 1 + k, h, w]`` (after ``conv2``) -> video ``[B, 3, 1 + 4k, 8h, 8w]``, unclamped."""
 
     def __init__(self, cfg: Wan21Config) -> None:
@@ -116,29 +152,8 @@ class Decoder3d(_Segmented):
         width = dims[-1]
         self.head = nn.Sequential(RMSNorm(width), nn.SiLU(), CausalConv3d(width, cfg.in_channels, 3, padding=1))
 
-    def _stem(self, z: Tensor) -> Tensor:
-        return self.conv1(_to_memory_format(z, self.memory_format))
-
-    def head_input(self, h: Tensor) -> Tensor:
-        """What the last convolution (``head.2``) takes: the head's norm and activation of ``h``."""
-        return self.head[1](self.head[0](h))
-
-    def _head_and_input(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        head_input = self.head_input(h)
-        return self.head[2](head_input), head_input
-
-    def forward(self, z: Tensor, with_head_input: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """The video decoded from ``z``; with ``with_head_input``, also the input of the last convolution."""
-        h = run_segment(self._stem, z, self.activation_checkpointing, self.segment_wrapper)
-        assert isinstance(h, Tensor)
-        h = self._run_all(self.middle, h)
-        h = self._run_all(self.upsamples, h)
-        if with_head_input:
-            # The full-resolution activations: the widest of the decoder, worth recomputing.
-            out = run_segment(self._head_and_input, h, self.activation_checkpointing, self.segment_wrapper)
-            assert isinstance(out, tuple)
-            return out[0], out[1]
-        return self._run(self.head, h)
+    def _upsample(self, h: Tensor) -> Tensor:
+        return self._run_all(self.upsamples, h)
 
 
 class Wan21VAE(VideoTokenizer):
@@ -160,16 +175,22 @@ class Wan21VAE(VideoTokenizer):
     # Every 3D convolution may be adapted (all are plain convolutions, causal padding aside, so adapters fold
     # into their weights). The spatial resamplers' and the attention's convolutions are 2D: LoRA never adapts them.
     lora_modules: ClassVar[tuple[str, ...]] = ("*",)
+    encoder_class: ClassVar[type[nn.Module]] = Encoder3d
+    decoder_class: ClassVar[type[DecoderBase]] = Decoder3d
 
     def __init__(self, config: Wan21Config) -> None:
         super().__init__()
         self.config = config
         z = config.z_dim
         # Registration order is the official state-dict order.
-        self.encoder = Encoder3d(config)
+        self.encoder = self.encoder_class(config)
         self.conv1 = CausalConv3d(2 * z, 2 * z, 1)
         self.conv2 = CausalConv3d(z, z, 1)
-        self.decoder = Decoder3d(config)
+        self.decoder = self.decoder_class(config)
+
+    def _video(self, decoded: Tensor) -> Tensor:
+        """The decoder's output as video (Wan2.2's decoder gives patches, which it puts back)."""
+        return decoded
 
     def encoder_output(self, x: Tensor) -> Tensor:
         """The posterior's mean and log-variance, stacked on the channels (``[B, 2 z_dim, t, h, w]``)."""
@@ -182,13 +203,13 @@ class Wan21VAE(VideoTokenizer):
     def decode_unchecked(self, latent: Tensor) -> Tensor:
         out = self.decoder(self.conv2(latent))
         assert isinstance(out, Tensor)
-        return out
+        return self._video(out)
 
     def decode_with_head_input(self, latent: Tensor) -> tuple[Tensor, Tensor]:
         self.check_latent(latent)
         out = self.decoder(self.conv2(latent), with_head_input=True)
         assert isinstance(out, tuple)
-        return out
+        return self._video(out[0]), out[1]
 
     def apply_head(self, head_input: Tensor) -> Tensor:
-        return self.decoder.head[2](head_input)
+        return self._video(self.decoder.head[2](head_input))

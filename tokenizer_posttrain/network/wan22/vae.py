@@ -8,49 +8,18 @@ training keeps its gradients at the edges of [-1, 1].
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import ClassVar
 
-import torch
 from torch import Tensor, nn
 
-from ..family import Encoding, VideoTokenizer
 from ..segments import run_segment
 from ..wan21.blocks import AttentionBlock, CausalConv3d, ResidualBlock, RMSNorm
+from ..wan21.vae import DecoderBase, Segmented, Wan21VAE
 from .blocks import DownLevel, UpLevel, patchify, unpatchify
 from .registry import Wan22Config
 
 
-class _Segmented(nn.Module):
-    """Runs its pieces (each residual block, resampler, stem and head) through
-    :func:`~..segments.run_segment`, steered by the training's speed switches."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        # Speed and memory switches (see ..segments); not part of the state.
-        self.activation_checkpointing = False
-        self.segment_wrapper = None
-        self.memory_format = torch.contiguous_format
-
-    def _run(self, piece: nn.Module, x: Tensor) -> Tensor:
-        # Attention runs at the lowest resolution, where recomputing saves little.
-        recompute = self.activation_checkpointing and not isinstance(piece, AttentionBlock)
-        out = run_segment(piece, x, recompute, self.segment_wrapper)
-        assert isinstance(out, Tensor)
-        return out
-
-    def _run_all(self, pieces: nn.Sequential, x: Tensor) -> Tensor:
-        for piece in pieces:
-            x = self._run(piece, x)
-        return x
-
-    def _formatted(self, x: Tensor) -> Tensor:
-        # The default layout adds no operation at all.
-        fmt = self.memory_format
-        return x if fmt == torch.contiguous_format else x.contiguous(memory_format=fmt)
-
-
-class Encoder3d(_Segmented):
+class Encoder3d(Segmented):
     """Video ``[B, 3, 1 + 4k, 16h, 16w]`` -> ``[B, 2 z_dim, 1 + k, h, w]`` (before the posterior's ``conv1``)."""
 
     def __init__(self, cfg: Wan22Config) -> None:
@@ -80,7 +49,7 @@ class Encoder3d(_Segmented):
         return self._run(self.head, out)
 
 
-class Decoder3d(_Segmented):
+class Decoder3d(DecoderBase):
     """``[B, z_dim, 1 + k, h, w]`` (after ``conv2``) -> patches ``[B, 12, 1 + 4k, 8h, 8w]``, unclamped (the
     network puts the pixels back)."""
 
@@ -96,37 +65,18 @@ class Decoder3d(_Segmented):
         width = levels[-1].out_dim
         self.head = nn.Sequential(RMSNorm(width), nn.SiLU(), CausalConv3d(width, cfg.patch_channels, 3, padding=1))
 
-    def _stem(self, z: Tensor) -> Tensor:
-        return self.conv1(self._formatted(z))
-
-    def head_input(self, h: Tensor) -> Tensor:
-        """What the last convolution (``head.2``) takes: the head's norm and activation of ``h``."""
-        return self.head[1](self.head[0](h))
-
-    def _head_and_input(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        head_input = self.head_input(h)
-        return self.head[2](head_input), head_input
-
-    def forward(self, z: Tensor, with_head_input: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """The patches decoded from ``z``; with ``with_head_input``, also the input of the last convolution."""
-        h = run_segment(self._stem, z, self.activation_checkpointing, self.segment_wrapper)
-        assert isinstance(h, Tensor)
-        h = self._run_all(self.middle, h)
+    def _upsample(self, h: Tensor) -> Tensor:
         for level in self.upsamples:
             assert isinstance(level, UpLevel)
             main = self._run_all(level.upsamples, h)
             h = main if level.shortcut is None else main + level.shortcut(h)
-        if with_head_input:
-            # The full-resolution activations: the widest of the decoder, worth recomputing.
-            out = run_segment(self._head_and_input, h, self.activation_checkpointing, self.segment_wrapper)
-            assert isinstance(out, tuple)
-            return out[0], out[1]
-        return self._run(self.head, h)
+        return h
 
 
-class Wan22VAE(VideoTokenizer):
+class Wan22VAE(Wan21VAE):
     """The Wan2.2 video VAE (16x16 spatial, 4x temporal compression; clips of ``1 + 4k`` frames, sides multiples
-    of 16; 48 latent channels), built from its config, with the official parameter names.
+    of 16; 48 latent channels), built from its config, with the official parameter names: Wan2.1's network around
+    Wan2.2's encoder and decoder, which work on 2x2 patches of the video.
 
     Its :class:`~..family.Encoding` holds the raw posterior mean (no per-channel normalisation: the world models'
     constants are :data:`.registry.WAN22_LATENT_MEAN` and ``_STD``) and log-variance; :meth:`forward`
@@ -134,44 +84,9 @@ class Wan22VAE(VideoTokenizer):
     """
 
     family: ClassVar[str] = "wan22"
-    sides: ClassVar[Mapping[str, tuple[str, ...]]] = {
-        "encoder": ("encoder.", "conv1."),
-        "decoder": ("decoder.", "conv2."),
-    }
-    last_layer: ClassVar[str] = "decoder.head.2"
-    head: ClassVar[str] = "decoder.head.2"
-    # Every 3D convolution may be adapted (all are plain convolutions, causal padding aside, so adapters fold
-    # into their weights). The spatial resamplers' and the attention's convolutions are 2D: LoRA never adapts them.
-    lora_modules: ClassVar[tuple[str, ...]] = ("*",)
+    encoder_class: ClassVar[type[nn.Module]] = Encoder3d
+    decoder_class: ClassVar[type[DecoderBase]] = Decoder3d
+    config: Wan22Config  # type: ignore[assignment]
 
-    def __init__(self, config: Wan22Config) -> None:
-        super().__init__()
-        self.config = config
-        z = config.z_dim
-        # Registration order is the official state-dict order.
-        self.encoder = Encoder3d(config)
-        self.conv1 = CausalConv3d(2 * z, 2 * z, 1)
-        self.conv2 = CausalConv3d(z, z, 1)
-        self.decoder = Decoder3d(config)
-
-    def encoder_output(self, x: Tensor) -> Tensor:
-        """The posterior's mean and log-variance, stacked on the channels (``[B, 2 z_dim, t, h, w]``)."""
-        return self.conv1(self.encoder(x))
-
-    def encoding_of(self, z: Tensor) -> Encoding:
-        mean, logvar = z.chunk(2, dim=1)
-        return Encoding(mean, mean=mean, logvar=logvar)
-
-    def decode_unchecked(self, latent: Tensor) -> Tensor:
-        out = self.decoder(self.conv2(latent))
-        assert isinstance(out, Tensor)
-        return unpatchify(out, self.config.patch_size)
-
-    def decode_with_head_input(self, latent: Tensor) -> tuple[Tensor, Tensor]:
-        self.check_latent(latent)
-        out = self.decoder(self.conv2(latent), with_head_input=True)
-        assert isinstance(out, tuple)
-        return unpatchify(out[0], self.config.patch_size), out[1]
-
-    def apply_head(self, head_input: Tensor) -> Tensor:
-        return unpatchify(self.decoder.head[2](head_input), self.config.patch_size)
+    def _video(self, decoded: Tensor) -> Tensor:
+        return unpatchify(decoded, self.config.patch_size)
