@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..family import clip_rule_problems
 
 FAMILY = "wan21"
 """The family name a checkpoint's config records (``family.FAMILY_KEY``)."""
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class Wan21Config:
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise ValueError(f"unknown Wan2.1 config field(s) {unknown}; known: {sorted(known)}")
-        return dataclasses.replace(self, **_tupled(overrides))
+        return dataclasses.replace(self, **tupled(overrides))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"family": FAMILY, **dataclasses.asdict(self)}
@@ -97,19 +99,28 @@ class Wan21Config:
         return out
 
 
-def _tupled(settings: dict[str, Any]) -> dict[str, Any]:
-    # Lists (a JSON record, an override) become tuples, so configs stay hashable (layouts are cached by config).
+_TUPLE_FIELDS = ("dim_mult", "attn_scales", "temporal_downsample")
+
+
+def tupled(settings: dict[str, Any], keys: tuple[str, ...] = _TUPLE_FIELDS) -> dict[str, Any]:
+    """``settings`` with the lists of ``keys`` (a JSON record, an override) as tuples, so that configs stay
+    hashable (layouts are cached by config)."""
     out = dict(settings)
-    for key in ("dim_mult", "attn_scales", "temporal_downsample"):
+    for key in keys:
         if key in out:
             out[key] = tuple(out[key])
     return out
 
 
+def from_record(config_class: type[T], data: dict[str, Any], keys: tuple[str, ...] = _TUPLE_FIELDS) -> T:
+    """The config of a Wan family that ``data`` (its ``to_dict()``, the ``family`` key taken out or still there)
+    records."""
+    return config_class(**tupled({k: v for k, v in data.items() if k != "family"}, keys))
+
+
 def config_from_dict(data: dict[str, Any]) -> Wan21Config:
-    """The inverse of :meth:`Wan21Config.to_dict` (the ``family`` key already taken out, or still there)."""
-    settings = {k: v for k, v in data.items() if k != "family"}
-    return Wan21Config(**_tupled(settings))
+    """The inverse of :meth:`Wan21Config.to_dict`."""
+    return from_record(Wan21Config, data)
 
 
 REGISTRY: dict[str, Wan21Config] = {c.name: c for c in (Wan21Config(),)}

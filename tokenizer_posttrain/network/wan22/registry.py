@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..family import clip_rule_problems
+from ..wan21.registry import from_record, tupled
 
 FAMILY = "wan22"
 """The family name a checkpoint's config records (``family.FAMILY_KEY``)."""
@@ -167,7 +168,7 @@ class Wan22Config:
                 **overrides,
                 "dec_channels": overrides["channels"] * released.dec_channels // released.channels,
             }
-        return dataclasses.replace(self, **_tupled(overrides))
+        return dataclasses.replace(self, **tupled(overrides, _TUPLE_FIELDS))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"family": FAMILY, **dataclasses.asdict(self)}
@@ -179,19 +180,9 @@ class Wan22Config:
 _TUPLE_FIELDS = ("dim_mult", "temporal_downsample")
 
 
-def _tupled(settings: dict[str, Any]) -> dict[str, Any]:
-    # Lists (a JSON record, an override) become tuples, so configs stay hashable (layouts are cached by config).
-    out = dict(settings)
-    for key in _TUPLE_FIELDS:
-        if key in out:
-            out[key] = tuple(out[key])
-    return out
-
-
 def config_from_dict(data: dict[str, Any]) -> Wan22Config:
-    """The inverse of :meth:`Wan22Config.to_dict` (the ``family`` key already taken out, or still there)."""
-    settings = {k: v for k, v in data.items() if k != "family"}
-    return Wan22Config(**_tupled(settings))
+    """The inverse of :meth:`Wan22Config.to_dict`."""
+    return from_record(Wan22Config, data, _TUPLE_FIELDS)
 
 
 REGISTRY: dict[str, Wan22Config] = {c.name: c for c in (Wan22Config(),)}
