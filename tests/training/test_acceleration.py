@@ -40,8 +40,9 @@ from tokenizer_posttrain.training.acceleration import (
     ddp_strategy,
     resolve_compile,
 )
-from tokenizer_posttrain.training.config import ModelConfig, TrainerConfig
+from tokenizer_posttrain.training.config import DataConfig, ModelConfig, TrainerConfig
 from tokenizer_posttrain.training.module import TokenizerModel
+from tokenizer_posttrain.training.train import check_clip_shape
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -113,6 +114,17 @@ def test_switches_leave_keys_and_exported_behaviour_alone() -> None:
     assert list(net.state_dict()) == keys
     configure_network(net)  # back to the plain network
     assert net.encoder.memory_format == torch.contiguous_format and not net.decoder.mid.activation_checkpointing
+
+
+def test_time_chunks_are_refused_where_the_network_cannot_chunk() -> None:
+    with pytest.raises(ValueError, match=r"model.time_chunk=2: CausalVideoTokenizer cannot run a clip in chunks"):
+        configure_network(tiny("CV8x8x8"), time_chunk=2)
+    data = DataConfig(frames=17, height=64, width=64)
+    with pytest.raises(ValueError, match=r"model.time_chunk=2: Cosmos-1.0-Tokenizer-CV8x8x8 cannot run a clip"):
+        check_clip_shape(ModelConfig(time_chunk=2), data)
+    check_clip_shape(ModelConfig(model="Wan2.1-VAE", time_chunk=2), data)
+    with pytest.raises(ValueError, match=r"model.time_chunk.*use 0 \(the whole clip\)"):
+        ModelConfig(model="Wan2.1-VAE", time_chunk=-1)
 
 
 def test_compiled_function_matches_eager_and_keeps_keys() -> None:

@@ -117,6 +117,12 @@ class VideoTokenizer(nn.Module):
     lora_modules: ClassVar[tuple[str, ...]] = ("*",)
     """fnmatch patterns of the convolutions LoRA may adapt (``model.lora.targets`` choose among them): a family
     leaves out a convolution whose weight an adapter could not be folded into, or that must stay as released."""
+    chunks_in_time: ClassVar[bool] = False
+    """Whether the network can run a clip's causal pass in chunks of time with its state carried across (the
+    same result in a fraction of the activation memory); such a network reads :attr:`time_chunk`."""
+    time_chunk: int = 0
+    """Latent frames per chunk of the causal pass (0: the whole clip at once); a speed and memory switch of
+    networks with :attr:`chunks_in_time`, never part of the state."""
     config: NetworkConfig
 
     @property

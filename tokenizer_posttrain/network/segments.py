@@ -9,6 +9,7 @@ module compiles each piece with it). Both are plain attributes, set by
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor
@@ -19,13 +20,28 @@ Segment = Callable[[Tensor], "Tensor | tuple[Tensor, ...]"]
 SegmentWrapper = Callable[[Segment], Segment]
 
 
+def _within(context: Callable[[], AbstractContextManager[object]], fn: Segment) -> Segment:
+    def run(x: Tensor) -> Tensor | tuple[Tensor, ...]:
+        with context():
+            return fn(x)
+
+    return run
+
+
 def run_segment(
-    fn: Segment, x: Tensor, recompute: bool, wrapper: SegmentWrapper | None = None
+    fn: Segment,
+    x: Tensor,
+    recompute: bool,
+    wrapper: SegmentWrapper | None = None,
+    context: Callable[[], AbstractContextManager[object]] | None = None,
 ) -> Tensor | tuple[Tensor, ...]:
     """``fn(x)``, through ``wrapper(fn)`` when one is set; with ``recompute`` (and autograd recording) its
-    activations are recomputed in the backward pass instead of kept."""
+    activations are recomputed in the backward pass instead of kept. ``context()`` is entered around every run
+    of ``fn``, the recomputation's included (outside the wrapper: what it sets is not compiled in)."""
     if wrapper is not None:
         fn = wrapper(fn)
+    if context is not None:
+        fn = _within(context, fn)
     if recompute and torch.is_grad_enabled():
         # Non-reentrant: works under torch.compile, with inputs that need no grad and with nested no_grad.
         return checkpoint(fn, x, use_reentrant=False)

@@ -89,13 +89,22 @@ def configure_network(
     activation_checkpointing: bool = False,
     channels_last: bool = False,
     compile_segments: bool = False,
+    time_chunk: int = 0,
 ) -> None:
     """Switch activation checkpointing, channels-last activations and compiled segments of a tokenizer on
     or off, in place (all off: the plain network, as exported).
 
     Every module with an ``activation_checkpointing`` attribute (encoder, decoder and their levels) gets
-    the flags; the encoder and decoder get the memory format they convert their stems' outputs to.
+    the flags; the encoder and decoder get the memory format they convert their stems' outputs to. ``time_chunk``
+    cuts each clip's causal pass in time (a network with ``chunks_in_time`` only; a ``ValueError`` otherwise).
     """
+    if time_chunk and not getattr(network, "chunks_in_time", False):
+        raise ValueError(
+            f"model.time_chunk={time_chunk}: {type(network).__name__} cannot run a clip in chunks of time "
+            "(the Wan VAEs can); set model.time_chunk=0"
+        )
+    if hasattr(network, "time_chunk"):
+        network.time_chunk = time_chunk
     memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
     for module in network.modules():
         if hasattr(module, "activation_checkpointing"):
@@ -230,6 +239,7 @@ class StepAcceleration:
             activation_checkpointing=cfg.activation_checkpointing,
             channels_last=cfg.channels_last,
             compile_segments=cfg.compile and cfg.compile_scope == "blocks",
+            time_chunk=cfg.time_chunk,
         )
         configure_loss(loss, channels_last=cfg.channels_last)
 

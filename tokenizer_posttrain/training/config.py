@@ -123,6 +123,11 @@ class ModelConfig:
     activation_checkpointing: bool = False
     """Keep only the input of each ResNet block, resampler, stem and head for the backward pass
     and recompute the rest: far less memory for long or large clips, same results."""
+    time_chunk: int = 0
+    """Latent frames per chunk of a clip's causal pass (Wan VAEs; 0 = the whole clip at once): each chunk runs
+    with the previous one's causal state and is recomputed in the backward pass, so only one chunk's activations
+    are held at a time. Same results; for clips too long or large to train whole (720p), with
+    model.activation_checkpointing=true inside each chunk."""
 
     @property
     def replays_cuda_graphs(self) -> bool:
@@ -145,6 +150,12 @@ class ModelConfig:
             value = getattr(self, key)
             _require(isinstance(value, bool), f"model.{key}", value, "use true or false")
         _require(self.compile_scope in _COMPILE_SCOPES, "model.compile_scope", self.compile_scope, "use step or blocks")
+        _require(
+            isinstance(self.time_chunk, int) and not isinstance(self.time_chunk, bool) and self.time_chunk >= 0,
+            "model.time_chunk",
+            self.time_chunk,
+            "use 0 (the whole clip) or a number of latent frames per chunk",
+        )
         _require(
             isinstance(self.compile_cache, str) and self.compile_cache.strip() != "",
             "model.compile_cache",

@@ -109,13 +109,21 @@ def resolve_parallelism(trainer: TrainerConfig, data: DataConfig) -> Parallelism
 
 def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
     """Fail before launch when the clip shape cannot go through the tokenizer (or when model.sample_posterior
-    asks a tokenizer without a posterior)."""
+    asks a tokenizer without a posterior, or model.time_chunk one that cannot chunk)."""
     cfg = get_config(model.model)
     if model.sample_posterior and not family_of(cfg).posterior:
         raise ValueError(
             f"model.sample_posterior=true: {cfg.full_name} has no posterior to sample (only the VAE families do); "
             "set model.sample_posterior=false"
         )
+    if model.time_chunk:
+        with torch.device("meta"):
+            chunks_in_time = family_of(cfg).build(cfg).chunks_in_time
+        if not chunks_in_time:
+            raise ValueError(
+                f"model.time_chunk={model.time_chunk}: {cfg.full_name} cannot run a clip in chunks of time "
+                "(the Wan VAEs can); set model.time_chunk=0"
+            )
     problems = cfg.clip_problems(data.frames, data.height, data.width, ("data.frames", "data.height", "data.width"))
     if problems:
         raise ValueError(f"the clip shape does not fit {cfg.name}: {'; '.join(problems)}")

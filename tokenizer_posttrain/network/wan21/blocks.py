@@ -14,10 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .chunks import Streaming
 
-class CausalConv3d(nn.Conv3d):
+
+class CausalConv3d(nn.Conv3d, Streaming):
     """A 3D convolution that sees only the present and the past: a kernel ``kt`` in time pads ``kt - 1`` zero
-    frames in front (none behind), and pads space symmetrically.
+    frames in front (none behind; in a later chunk of a clip, the previous chunk's last input frames), and pads
+    space symmetrically.
 
     The time padding is added in :meth:`forward` before ``nn.Conv3d.forward``, so ``_conv_forward`` (where LoRA
     adds its update) sees the padded clip; space is padded by the convolution itself.
@@ -38,7 +41,10 @@ class CausalConv3d(nn.Conv3d):
         self.padding = (0, pad_h, pad_w)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.time_padding:
+        if self.time_padding and self.stream is not None:
+            x = torch.cat([self.stream.past(self, x, self.time_padding), x], dim=2)
+            self.stream.hand(self, x[:, :, -self.time_padding :])
+        elif self.time_padding:
             x = F.pad(x, (0, 0, 0, 0, self.time_padding, 0))
         return super().forward(x)
 
@@ -123,7 +129,7 @@ class AttentionBlock(nn.Module):
         return x + out.view(b, t, h, w, c).permute(0, 4, 1, 2, 3)
 
 
-class Resample(nn.Module):
+class Resample(Streaming):
     """Halve (encoder) or double (decoder) height and width, and time too where ``temporal``.
 
     Downsampling: zero-pad right and bottom by one, a 3x3 convolution of stride 2 on every frame; then, in time,
@@ -133,6 +139,9 @@ class Resample(nn.Module):
     Upsampling: in time first, ``time_conv`` (causal, kernel 3) gives two output frames per input frame from its
     doubled channels, for the frames after frame 0 only (which passes alone, and is not their causal past):
     ``1 + k`` frames -> ``1 + 2k``; then nearest 2x in space and a 3x3 convolution that halves the channels.
+
+    In chunks of a clip (:mod:`.chunks`), frame 0 passes alone in the first chunk only, and the downsampler reads
+    the previous chunk's last frame in front of a later one (a later chunk has an even number of frames).
     """
 
     def __init__(self, dim: int, up: bool, temporal: bool) -> None:
@@ -154,14 +163,26 @@ class Resample(nn.Module):
         return self._downsample_time(self.resample(x))
 
     def _downsample_time(self, x: Tensor) -> Tensor:
-        if self.time_conv is None or x.shape[2] == 1:
+        if self.time_conv is None:
+            return x
+        if self.stream is not None:
+            past = self.stream.carried.get(self)
+            self.stream.hand(self, x[:, :, -1:])
+            if not self.stream.first:
+                assert past is not None and x.shape[2] % 2 == 0, "a later chunk has an even number of frames"
+                return self.time_conv(torch.cat([past, x], dim=2))
+        if x.shape[2] == 1:
             return x
         return torch.cat([x[:, :, :1], self.time_conv(x)], dim=2)
 
     def _upsample_time(self, x: Tensor) -> Tensor:
-        if self.time_conv is None or x.shape[2] == 1:
+        if self.time_conv is None:
             return x
-        b, c, t, h, w = x.shape
-        later = self.time_conv(x[:, :, 1:])  # [B, 2C, t-1, h, w]: channel half j is output frame 2i + j
-        later = later.view(b, 2, c, t - 1, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * (t - 1), h, w)
-        return torch.cat([x[:, :, :1], later], dim=2)
+        first = self.first_chunk
+        later = x[:, :, 1:] if first else x
+        if later.shape[2] == 0:
+            return x
+        b, c, t, h, w = later.shape
+        later = self.time_conv(later)  # [B, 2C, t, h, w]: channel half j is output frame 2i + j
+        later = later.view(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
+        return torch.cat([x[:, :, :1], later], dim=2) if first else later

@@ -9,21 +9,24 @@ for display).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ..family import Encoding, VideoTokenizer
-from ..segments import run_segment
+from ..segments import Segment, run_segment
 from .blocks import AttentionBlock, CausalConv3d, Resample, ResidualBlock, RMSNorm
+from .chunks import Streaming, attached, chunk_sizes, run_in_chunks, streaming_modules
 from .registry import Wan21Config
 
 
-class Segmented(nn.Module):
+class Segmented(Streaming):
     """Runs its pieces through :func:`~..segments.run_segment`, steered by the training's speed switches (the
-    encoders and decoders of both Wan VAEs)."""
+    encoders and decoders of both Wan VAEs). In a chunk of a clip (:mod:`.chunks`), a recomputed piece runs with
+    the chunk's state again."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -36,9 +39,15 @@ class Segmented(nn.Module):
         # Attention runs at the lowest resolution, where recomputing saves little (and Cosmos saw Inductor
         # compute wrong values for checkpointed channels-last attention).
         recompute = self.activation_checkpointing and not isinstance(piece, AttentionBlock)
-        out = run_segment(piece, x, recompute, self.segment_wrapper)
+        out = self._segment(piece, x, recompute, piece)
         assert isinstance(out, Tensor)
         return out
+
+    def _segment(self, fn: Segment, x: Tensor, recompute: bool, owner: nn.Module) -> Tensor | tuple[Tensor, ...]:
+        """``fn(x)`` through :func:`~..segments.run_segment`; ``owner`` holds the modules ``fn`` runs."""
+        stream = self.stream
+        context = None if stream is None else functools.partial(attached, stream, streaming_modules(owner))
+        return run_segment(fn, x, recompute, self.segment_wrapper, context)
 
     def _run_all(self, pieces: nn.Sequential, x: Tensor) -> Tensor:
         for piece in pieces:
@@ -75,12 +84,12 @@ class DecoderBase(Segmented):
 
     def forward(self, z: Tensor, with_head_input: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """The output decoded from ``z``; with ``with_head_input``, also the input of the last convolution."""
-        h = run_segment(self._stem, z, self.activation_checkpointing, self.segment_wrapper)
+        h = self._segment(self._stem, z, self.activation_checkpointing, self.conv1)
         assert isinstance(h, Tensor)
         h = self._upsample(self._run_all(self.middle, h))
         if with_head_input:
             # The full-resolution activations: the widest of the decoder, worth recomputing.
-            out = run_segment(self._head_and_input, h, self.activation_checkpointing, self.segment_wrapper)
+            out = self._segment(self._head_and_input, h, self.activation_checkpointing, self.head)
             assert isinstance(out, tuple)
             return out[0], out[1]
         return self._run(self.head, h)
@@ -115,7 +124,7 @@ class Encoder3d(Segmented):
         return self.conv1(self._formatted(x))
 
     def forward(self, x: Tensor) -> Tensor:
-        out = run_segment(self._stem, x, self.activation_checkpointing, self.segment_wrapper)
+        out = self._segment(self._stem, x, self.activation_checkpointing, self.conv1)
         assert isinstance(out, Tensor)
         out = self._run_all(self.downsamples, out)
         out = self._run_all(self.middle, out)
@@ -177,6 +186,7 @@ class Wan21VAE(VideoTokenizer):
     lora_modules: ClassVar[tuple[str, ...]] = ("*",)
     encoder_class: ClassVar[type[nn.Module]] = Encoder3d
     decoder_class: ClassVar[type[DecoderBase]] = Decoder3d
+    chunks_in_time: ClassVar[bool] = True
 
     def __init__(self, config: Wan21Config) -> None:
         super().__init__()
@@ -187,29 +197,58 @@ class Wan21VAE(VideoTokenizer):
         self.conv1 = CausalConv3d(2 * z, 2 * z, 1)
         self.conv2 = CausalConv3d(z, z, 1)
         self.decoder = self.decoder_class(config)
+        self.time_chunk = 0  # a speed and memory switch (see VideoTokenizer), not part of the state
+
+    def _in_chunks(self, fn: Callable[[Tensor], Tensor], x: Tensor, module: nn.Module, first: int, rest: int) -> Tensor:
+        # Training recomputes each chunk in the backward pass: memory is why a training clip is cut at all.
+        sizes = chunk_sizes(x.shape[2], first, rest)
+        if len(sizes) == 1:
+            return fn(x)
+        return run_in_chunks(fn, x, sizes, streaming_modules(module), recompute=True)
 
     def _video(self, decoded: Tensor) -> Tensor:
         """The decoder's output as video (Wan2.2's decoder gives patches, which it puts back)."""
         return decoded
 
+    def _encoded(self, x: Tensor) -> Tensor:
+        return self.conv1(self.encoder(x))
+
     def encoder_output(self, x: Tensor) -> Tensor:
         """The posterior's mean and log-variance, stacked on the channels (``[B, 2 z_dim, t, h, w]``)."""
-        return self.conv1(self.encoder(x))
+        n, tc = self.time_chunk, self.config.temporal_compression
+        if not n:
+            return self._encoded(x)
+        return self._in_chunks(self._encoded, x, self.encoder, 1 + tc * (n - 1), tc * n)
+
+    def _decoded(self, latent: Tensor) -> Tensor:
+        out = self.decoder(self.conv2(latent))
+        assert isinstance(out, Tensor)
+        return out
 
     def encoding_of(self, z: Tensor) -> Encoding:
         mean, logvar = z.chunk(2, dim=1)
         return Encoding(mean, mean=mean, logvar=logvar)
 
     def decode_unchecked(self, latent: Tensor) -> Tensor:
-        out = self.decoder(self.conv2(latent))
-        assert isinstance(out, Tensor)
+        n = self.time_chunk
+        out = self._in_chunks(self._decoded, latent, self.decoder, n, n) if n else self._decoded(latent)
         return self._video(out)
 
     def decode_with_head_input(self, latent: Tensor) -> tuple[Tensor, Tensor]:
         self.check_latent(latent)
+        if self.time_chunk:
+            # The head input is the decoder's widest activation; in chunks it is kept whole all the same (the
+            # adversarial stage's adaptive weight reads it), and the head is run again on it.
+            head_input = self._in_chunks(self._head_input, latent, self.decoder, self.time_chunk, self.time_chunk)
+            return self.apply_head(head_input), head_input
         out = self.decoder(self.conv2(latent), with_head_input=True)
         assert isinstance(out, tuple)
         return self._video(out[0]), out[1]
+
+    def _head_input(self, latent: Tensor) -> Tensor:
+        out = self.decoder(self.conv2(latent), with_head_input=True)
+        assert isinstance(out, tuple)
+        return out[1]
 
     def apply_head(self, head_input: Tensor) -> Tensor:
         return self._video(self.decoder.head[2](head_input))

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ..wan21.blocks import FrameConv2d, ResidualBlock, SpatialUpsample
 from ..wan21.blocks import Resample as Wan21Resample
+from ..wan21.chunks import Streaming
 from .registry import Level
 
 
@@ -46,7 +47,8 @@ def unpatchify(x: Tensor, patch: int) -> Tensor:
 class AverageDown(nn.Module):
     """The encoder level's shortcut: every output position averages a group of the input's (channel, position)
     pairs under it, ``in_dim * positions / out_dim`` of them. Time is padded in front with zeros to an even
-    length, so frame 0 is paired with a zero frame. No parameters."""
+    length, so frame 0 is paired with a zero frame (later chunks of a clip have even lengths: no padding, no
+    state). No parameters."""
 
     def __init__(self, level: Level) -> None:
         super().__init__()
@@ -67,10 +69,11 @@ class AverageDown(nn.Module):
         return x.reshape(b, self.out_dim, -1, t // ft, h // fs, w // fs).mean(dim=2)
 
 
-class DuplicateUp(nn.Module):
+class DuplicateUp(Streaming):
     """The decoder level's shortcut, the converse of :class:`AverageDown`: each input channel is copied to
     ``out_dim * positions / in_dim`` of the output's (channel, position) pairs; time doubles (where temporal) and
-    the copy before frame 0 is dropped, as the official first chunk does. No parameters."""
+    the copy before frame 0 is dropped, as the official first chunk does (in chunks of a clip, the first only).
+    No parameters."""
 
     def __init__(self, level: Level) -> None:
         super().__init__()
@@ -84,7 +87,7 @@ class DuplicateUp(nn.Module):
         b, _, t, h, w = x.shape
         x = x.repeat_interleave(self.copies, dim=1).reshape(b, self.out_dim, ft, fs, fs, t, h, w)
         x = x.permute(0, 1, 5, 2, 6, 3, 7, 4).reshape(b, self.out_dim, t * ft, h * fs, w * fs)
-        return x[:, :, ft - 1 :]
+        return x[:, :, ft - 1 :] if self.first_chunk else x
 
 
 class Resample(Wan21Resample):

@@ -12,7 +12,6 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-from ..segments import run_segment
 from ..wan21.blocks import AttentionBlock, CausalConv3d, ResidualBlock, RMSNorm
 from ..wan21.vae import DecoderBase, Segmented, Wan21VAE
 from .blocks import DownLevel, UpLevel, patchify, unpatchify
@@ -38,7 +37,7 @@ class Encoder3d(Segmented):
         return self.conv1(self._formatted(patchify(x, self.patch_size)))
 
     def forward(self, x: Tensor) -> Tensor:
-        out = run_segment(self._stem, x, self.activation_checkpointing, self.segment_wrapper)
+        out = self._segment(self._stem, x, self.activation_checkpointing, self.conv1)
         assert isinstance(out, Tensor)
         for level in self.downsamples:
             assert isinstance(level, DownLevel)

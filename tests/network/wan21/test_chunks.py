@@ -1,0 +1,87 @@
+"""A clip's causal pass in chunks of time (``network.time_chunk``) gives the whole-clip pass's outputs and
+gradients, for both Wan families, with blocks recomputed inside the chunks or not, and keeps a fraction of what
+autograd holds for the backward pass. (The official vectors in chunks: test_reference_vectors.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenizer_posttrain.network import build_tokenizer
+from tokenizer_posttrain.network.family import VideoTokenizer
+from tokenizer_posttrain.network.wan21.chunks import chunk_sizes
+from tokenizer_posttrain.training.acceleration import configure_network
+
+FAMILIES = ["Wan2.1-VAE", "Wan2.2-VAE"]
+
+
+def tiny(name: str) -> VideoTokenizer:
+    torch.manual_seed(0)
+    return build_tokenizer(name, channels=8).double()
+
+
+def outputs_and_gradients(network: VideoTokenizer, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Posterior, reconstruction of its mean, and the gradients of a loss on both (weights and input)."""
+    network.zero_grad()
+    x = x.clone().requires_grad_()
+    posterior = network.encoder_output(x)
+    video = network.decode(posterior[:, : posterior.shape[1] // 2])
+    (video.square().mean() + posterior.square().mean()).backward()
+    grads = torch.cat([p.grad.flatten() for p in network.parameters() if p.grad is not None])
+    assert x.grad is not None
+    return posterior.detach(), video.detach(), grads, x.grad
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("recompute_blocks", [False, True], ids=["chunks", "chunks+blocks-recomputed"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_chunks_give_the_whole_clip_s_outputs_and_gradients(name: str, recompute_blocks: bool) -> None:
+    network = tiny(name)
+    x = torch.rand(1, 3, 13, 32, 32, dtype=torch.double, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    whole = outputs_and_gradients(network, x)
+    for time_chunk in (1, 2):  # 4 latent frames: 4 chunks, then 2 (the decoder's last one full)
+        configure_network(network, activation_checkpointing=recompute_blocks, channels_last=True, time_chunk=time_chunk)
+        chunked = outputs_and_gradients(network, x)
+        for ours, reference, what in zip(
+            chunked, whole, ("posterior", "video", "weights' grads", "input's grad"), strict=False
+        ):
+            assert ours.shape == reference.shape
+            assert relative(ours, reference) < 1e-12, (time_chunk, what)
+
+
+def saved_megabytes(network: VideoTokenizer, x: torch.Tensor) -> float:
+    """What autograd holds for the backward pass of an encode and decode (each storage counted once)."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        posterior = network.encoder_output(x)
+        network.decode(posterior[:, : posterior.shape[1] // 2])
+    return sum(storages.values()) / 2**20
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_chunks_hold_a_fraction_of_what_the_backward_pass_keeps(name: str) -> None:
+    network = build_tokenizer(name, channels=8)
+    x = torch.rand(1, 3, 33, 64, 64) * 2 - 1
+    plain = saved_megabytes(network, x)
+    configure_network(network, activation_checkpointing=True)
+    blocks = saved_megabytes(network, x)
+    configure_network(network, activation_checkpointing=True, time_chunk=2)
+    chunks = saved_megabytes(network, x)
+    # Measured: 331 / 49 / 22 MB (Wan2.1), 124 / 19 / 9 MB (Wan2.2). The chunks keep their inputs and the
+    # frames they hand on (copies: a view would keep each chunk's whole tensor).
+    assert blocks < plain / 4
+    assert chunks < blocks / 2, (plain, blocks, chunks)
+
+
+def test_chunk_sizes_cover_the_clip() -> None:
+    assert chunk_sizes(17, 1, 4) == [1, 4, 4, 4, 4]
+    assert chunk_sizes(17, 5, 8) == [5, 8, 4]
+    assert chunk_sizes(3, 5, 8) == [3]

@@ -1,0 +1,121 @@
+"""A clip's causal pass in chunks of time, with the causal state carried from chunk to chunk.
+
+The whole-clip pass (:mod:`.blocks`) keeps every frame's activations at once: a 93x704x1280 clip holds 16 GB per
+full-resolution tensor of Wan2.1's decoder in bf16, more than inference should need and more than training can
+hold even with every block recomputed. Cut in time, the same pass needs one chunk's activations at a time:
+
+* the encoder reads ``1 + tc (n - 1)`` frames, then ``tc n`` at a time; the decoder ``n`` latent frames at a time
+  (``n = time_chunk``; the official code's chunks are ``n = 1``);
+* every causal convolution reads, in front of a chunk, the last ``kt - 1`` frames its input had in the previous
+  chunk (zeros in front of the first), instead of zero padding;
+* the encoder's temporal downsampler reads the previous chunk's last frame in front (its windows straddle the cut);
+* what only the clip's first frames do (frame 0 passing a temporal resampler alone, Wan2.2's shortcuts trimming
+  the copy before frame 0) happens in the first chunk only.
+
+So the result is the whole-clip pass's, to rounding, for any ``n``. In training, :func:`run_in_chunks` recomputes
+each chunk in the backward pass (``recompute``): autograd keeps only the chunks' inputs and the carried frames,
+and gradients flow back through the carried frames into the chunk before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+
+class Stream:
+    """The causal state of one chunk of a clip: what the previous chunk left each module, and what this one hands
+    the next. A module looks itself up in :attr:`carried` (None before the first chunk) and :meth:`hand`s on."""
+
+    def __init__(self, first: bool, carried: dict[nn.Module, Tensor | None]) -> None:
+        self.first = first
+        """Whether this chunk holds the clip's first frame."""
+        self.carried = carried
+        self.handed: dict[nn.Module, Tensor] = {}
+
+    def hand(self, module: nn.Module, frames: Tensor) -> None:
+        """Leave ``frames`` (a few of a chunk's frames) to ``module`` in the next chunk: a copy, since a view would
+        keep the whole chunk's tensor alive until the backward pass."""
+        self.handed[module] = frames.clone()
+
+    def past(self, module: nn.Module, like: Tensor, frames: int) -> Tensor:
+        """``module``'s carried frames, or ``frames`` zero frames shaped like ``like``'s before the first chunk."""
+        carried = self.carried.get(module)
+        if carried is not None:
+            return carried
+        return like.new_zeros(*like.shape[:2], frames, *like.shape[3:])
+
+
+@contextmanager
+def attached(stream: Stream, modules: Sequence[Streaming]) -> Iterator[None]:
+    """``modules`` read ``stream`` inside the block. Whatever runs a chunk's pieces again in the backward pass
+    (a recomputed chunk, a recomputed block inside one) enters it again: the state it ran with the first time."""
+    before = [m.stream for m in modules]
+    for module in modules:
+        module.stream = stream
+    try:
+        yield
+    finally:
+        for module, previous in zip(modules, before, strict=True):
+            module.stream = previous
+
+
+class Streaming(nn.Module):
+    """A module whose output depends on earlier chunks or on holding frame 0 (or that runs such modules in
+    recomputed pieces): it reads :attr:`stream`, None in the whole-clip pass. A plain attribute, set by
+    :func:`attached`, never part of the state."""
+
+    stream: Stream | None = None
+
+    @property
+    def first_chunk(self) -> bool:
+        """True in the whole-clip pass and in a clip's first chunk."""
+        return self.stream is None or self.stream.first
+
+
+def chunk_sizes(frames: int, first: int, rest: int) -> list[int]:
+    """Lengths of the pieces of ``frames``: ``first``, then ``rest`` each (the last one may be shorter)."""
+    sizes = [min(first, frames)]
+    while sum(sizes) < frames:
+        sizes.append(min(rest, frames - sum(sizes)))
+    return sizes
+
+
+def run_in_chunks(
+    fn: Callable[[Tensor], Tensor],
+    x: Tensor,
+    sizes: Sequence[int],
+    modules: Sequence[Streaming],
+    recompute: bool = False,
+) -> Tensor:
+    """``fn`` over ``x`` ``[B, C, T, ...]`` cut into pieces of ``sizes`` frames, the causal state of ``modules``
+    carried from piece to piece; the outputs joined in time. With ``recompute`` (and autograd recording) each
+    piece's activations are recomputed in the backward pass."""
+    carried: list[Tensor | None] = [None] * len(modules)
+
+    def piece_pass(piece: Tensor, first: bool, *past: Tensor | None) -> tuple[Tensor | None, ...]:
+        stream = Stream(first, dict(zip(modules, past, strict=True)))
+        with attached(stream, modules):
+            out = fn(piece)
+        return (out, *(stream.handed.get(m, stream.carried[m]) for m in modules))
+
+    outputs = []
+    for i, piece in enumerate(x.split(list(sizes), dim=2)):
+        if recompute and torch.is_grad_enabled():
+            results = checkpoint(piece_pass, piece, i == 0, *carried, use_reentrant=False)
+        else:
+            results = piece_pass(piece, i == 0, *carried)
+        out = results[0]
+        assert isinstance(out, Tensor)
+        outputs.append(out)
+        carried = list(results[1:])
+    return torch.cat(outputs, dim=2)
+
+
+def streaming_modules(module: nn.Module) -> list[Streaming]:
+    """The modules under ``module`` that carry state between chunks, in registration order."""
+    return [m for m in module.modules() if isinstance(m, Streaming)]
