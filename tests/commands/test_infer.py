@@ -173,3 +173,8 @@ def test_a_wan_vae_reconstructs_encodes_and_decodes_in_tiles(tmp_path: Path) -> 
         assert f.metadata()["model"] == "Wan2.1-VAE" and f.get_tensor("latent").shape == (2, 16, 2, 3, 4)
     assert run_infer("decode", "--checkpoint", ckpt, "--input", latents, "--output", decoded, *tiles) == 0
     assert probe(decoded) == (7, 24, 32, 10)
+    # Without --window, a Wan VAE encodes the whole video in one causal pass (run in chunks of time), as Wan's
+    # own code and its world models do: one row of latents, 7 frames padded to 9.
+    assert run_infer("encode", "--checkpoint", ckpt, "--input", source, "--output", latents, "--time-chunk", "1") == 0
+    with safe_open(str(latents), framework="pt") as f:
+        assert f.get_tensor("latent").shape == (1, 16, 3, 3, 4) and int(f.get_tensor("window")) == 9

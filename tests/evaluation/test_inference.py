@@ -215,3 +215,27 @@ def test_wan_windows_of_1_plus_4k_frames_and_tiles() -> None:
     whole = inference.decode(network, inference.encode(network, video, inference.Options(window=5)))
     direct = inference.reconstruct(network, video, inference.Options(window=5, context=0))
     assert (whole.int() - direct.int()).abs().max() <= 1
+
+
+def test_a_wan_video_goes_through_in_one_causal_pass_in_chunks_of_time() -> None:
+    from tests.evaluation.wan_base import tiny_wan
+
+    network = tiny_wan()
+    video = frames_array(11, 16, 24)  # padded to 13 frames: 4 latent frames
+    assert inference.default_window(network) == 0
+    whole = inference.Options(window=0, time_chunk=0)
+    one_pass = inference.reconstruct(network, video, whole)
+    for time_chunk in (None, 1):  # the default (2 latent frames), the official code's chunks
+        chunked = inference.reconstruct(network, video, inference.Options(window=0, time_chunk=time_chunk))
+        assert (chunked.int() - one_pass.int()).abs().max() <= 1
+    assert network.time_chunk == 0  # the session's chunking is undone
+    encoded = inference.encode(network, video, inference.Options(window=0))
+    assert encoded["latent"].shape == (1, 16, 4, 2, 3) and int(encoded["window"]) == 13
+    assert (inference.decode(network, encoded, time_chunk=1).int() - one_pass.int()).abs().max() <= 1
+    with pytest.raises(ValueError, match=r"context=5 needs windows; window=0 runs the whole video"):
+        inference.check_options(network, inference.Options(window=0, context=5))
+
+
+def test_time_chunks_are_refused_for_a_network_that_cannot_chunk(nets: dict) -> None:
+    with pytest.raises(ValueError, match=r"time_chunk=2: CV8x8x8 cannot run in chunks of time; use 0"):
+        inference.check_options(nets["CV8x8x8"], inference.Options(time_chunk=2))

@@ -196,9 +196,17 @@ def _setup(args: argparse.Namespace, encoding: bool) -> tuple[VideoTokenizer, in
         _existing(args.checkpoint, "checkpoint", folder_too=True), name=args.model, setting_names=MODEL_FLAG
     )
     # decode checks only the tiles here: its window and context come from the latents file.
+    if getattr(args, "window", None) is None and hasattr(args, "window"):
+        args.window = inference.default_window(network)
     window, context = getattr(args, "window", 17), getattr(args, "context", None)
     options = inference.Options(
-        window, context, tile=args.tile, tile_overlap=args.tile_overlap, dtype=dtype, device=device
+        window,
+        context,
+        tile=args.tile,
+        tile_overlap=args.tile_overlap,
+        dtype=dtype,
+        device=device,
+        time_chunk=args.time_chunk,
     )
     context = inference.check_options(network, options, encoding)
     if hasattr(args, "window"):
@@ -214,6 +222,7 @@ def _decode_options(options: inference.Options) -> dict[str, object]:
         "device": options.device,
         "tile": options.tile,
         "tile_overlap": options.tile_overlap,
+        "time_chunk": options.time_chunk,
     }
 
 
@@ -249,9 +258,10 @@ def _reconstruct(args: argparse.Namespace) -> int:
         output = output.numpy()
     seconds = time.perf_counter() - start
     write_video(Path(args.output), output, fps, args.crf)
+    windows = "one causal pass" if args.window == 0 else f"window {args.window}, context {args.context}"
     print(
-        f"reconstructed {_describe(video, fps)}{read.note()} with {network.config.name} (window {args.window}, "
-        f"context {args.context}) in {seconds:.1f} s, PSNR {_psnr(video, output):.2f} dB -> {args.output}"
+        f"reconstructed {_describe(video, fps)}{read.note()} with {network.config.name} ({windows}) "
+        f"in {seconds:.1f} s, PSNR {_psnr(video, output):.2f} dB -> {args.output}"
         + (f" (latents: {args.save_latents})" if args.save_latents else "")
     )
     return 0
@@ -332,6 +342,12 @@ def _common(parser: argparse.ArgumentParser, output_help: str, video_out: bool) 
     parser.add_argument("--model", help="model name (e.g. CV8x8x8) when it cannot be inferred from the checkpoint")
     parser.add_argument("--tile", type=_count, help="process frames in tiles of this many pixels (memory)")
     parser.add_argument("--tile-overlap", type=_count, default=32, help="overlap of the tiles (default 32)")
+    parser.add_argument(
+        "--time-chunk",
+        type=_count,
+        help="Wan VAEs: latent frames per chunk of the causal pass (same result, memory; default "
+        f"{inference.INFERENCE_TIME_CHUNK}; 0 = the whole window at once)",
+    )
     parser.add_argument("--dtype", choices=("bf16", "fp32"), help="compute dtype (default: bf16 on cuda, fp32 on cpu)")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     if video_out:
@@ -339,7 +355,12 @@ def _common(parser: argparse.ArgumentParser, output_help: str, video_out: bool) 
 
 
 def _windowing(parser: argparse.ArgumentParser, context_help: str) -> None:
-    parser.add_argument("--window", type=_count, default=17, help="frames per window, 1+8k (default 17)")
+    parser.add_argument(
+        "--window",
+        type=_count,
+        help="frames per window, 1+tc*k; 0 = the whole video in one causal pass (default: 17, the whole video for "
+        "the Wan VAEs, as their own code runs)",
+    )
     parser.add_argument("--context", type=_count, help=context_help)
 
 

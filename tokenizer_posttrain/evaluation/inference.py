@@ -34,6 +34,11 @@ of ``tc`` frames becomes one latent frame that leans on everything before it. Wi
 How far each choice lands from one pass over the whole clip is measured in docs/benchmarks.md
 ("Windows and tiles of whole-video inference").
 
+``window=0`` is that one pass: the whole video (padded to ``1 + k*tc`` frames) as one window, what the Wan VAEs'
+official code and consumers do and the default for networks that run a clip in chunks of time
+(``VideoTokenizer.chunks_in_time``): they carry the causal state from chunk to chunk (``time_chunk`` latent frames
+each), so the result is the whole clip's in a chunk's memory.
+
 :func:`encode` uses the same windows with ``context=0`` by default (one latent per disjoint
 clip, which is what downstream models consume) and pads every window to ``window`` frames
 so that the latents stack. :func:`decode` of its output reproduces :func:`reconstruct`
@@ -73,10 +78,24 @@ def _as_int(value: object, name: str) -> int:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
+INFERENCE_TIME_CHUNK = 2
+"""Latent frames per chunk of the causal pass in inference (networks that chunk): 9 frames in memory at once
+(the official code holds 5), so the convolutions see fewer, longer pieces."""
+
+
+def default_window(network: VideoTokenizer) -> int:
+    """The whole video (0) for a network that runs it in chunks of time, else 17 frames."""
+    return 0 if network.chunks_in_time else 17
+
+
 def _check_window(network: VideoTokenizer, window: int, context: int | None, default: int | None) -> int:
     """Validate ``window`` and ``context``; return the context to use."""
     tc = network.config.temporal_compression
     window, context = _as_int(window, "window"), None if context is None else _as_int(context, "context")
+    if window == 0:  # the whole video: nothing to re-read
+        if context:
+            raise ValueError(f"context={context} needs windows; window=0 runs the whole video in one pass (use 0)")
+        return 0
     if window < 1 or (window - 1) % tc:
         lo = 1 + max(window - 1, 0) // tc * tc
         raise ValueError(f"window={window} is not 1+{tc}k frames for {network.config.name} (use {lo} or {lo + tc})")
@@ -95,7 +114,8 @@ class Options:
     """How :func:`reconstruct` and :func:`encode` run a video through the network (module docstring)."""
 
     window: int = 17
-    """Frames through the network at once: ``1 + k*tc``."""
+    """Frames through the network at once: ``1 + k*tc``; 0: the whole video in one causal pass (module
+    docstring; :func:`default_window` gives each network's default)."""
     context: int | None = None
     """Frames each window after the first re-reads as causal warm-up: 0 or ``1 + m*tc``. None: the default,
     :func:`default_context` for :func:`reconstruct`, 0 (disjoint windows) for :func:`encode`."""
@@ -107,6 +127,9 @@ class Options:
     """``torch.bfloat16`` runs under autocast over the fp32 weights."""
     device: str | torch.device = "cpu"
     """Where the network runs; it is moved there and run in eval mode (its train/eval mode restored afterwards)."""
+    time_chunk: int | None = None
+    """Latent frames per chunk of the causal pass, for a network that runs in chunks of time (the same result,
+    less memory); None: :data:`INFERENCE_TIME_CHUNK`; 0: the whole window at once."""
 
 
 def check_options(
@@ -121,7 +144,25 @@ def check_options(
     """
     context = _check_window(network, options.window, options.context, 0 if encoding else None)
     _check_tile(network, options.tile, options.tile_overlap)
+    _time_chunk(network, options.time_chunk)
     return context
+
+
+def _time_chunk(network: VideoTokenizer, time_chunk: int | None) -> int:
+    """The network's chunk length for ``time_chunk`` (0 for a network that does not chunk)."""
+    if time_chunk is None:
+        return INFERENCE_TIME_CHUNK if network.chunks_in_time else 0
+    time_chunk = _as_int(time_chunk, "time_chunk")
+    if time_chunk < 0:
+        raise ValueError(f"time_chunk={time_chunk} must be 0 (the whole window at once) or more latent frames")
+    if time_chunk and not network.chunks_in_time:
+        raise ValueError(f"time_chunk={time_chunk}: {network.config.name} cannot run in chunks of time; use 0")
+    return time_chunk
+
+
+def _whole(window: int, frames: int, tc: int) -> int:
+    """``window``, or for 0 the video's length rounded up to ``1 + k*tc`` frames."""
+    return window or 1 + _round_up(max(frames - 1, 0), tc)
 
 
 def _check_tile(network: VideoTokenizer, tile: int | None, overlap: int) -> None:
@@ -159,20 +200,27 @@ def _windows(frames: int, window: int, context: int) -> list[tuple[int, int, int
 
 
 @contextmanager
-def _session(network: VideoTokenizer, dtype: torch.dtype, device: str | torch.device) -> Iterator[torch.device]:
-    """Eval mode on ``device``, no autograd, bf16 autocast over fp32 weights when asked."""
+def _session(
+    network: VideoTokenizer, dtype: torch.dtype, device: str | torch.device, time_chunk: int | None = None
+) -> Iterator[torch.device]:
+    """Eval mode on ``device``, no autograd, bf16 autocast over fp32 weights when asked, the causal pass in chunks
+    of ``time_chunk`` (:class:`Options`)."""
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for but no CUDA GPU is available (use cpu)")
-    was_training = network.training
+    was_training, was_chunk = network.training, network.time_chunk
     network.to(device).eval()
+    if network.chunks_in_time:
+        network.time_chunk = _time_chunk(network, time_chunk)
     try:
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
             yield device
     finally:
         network.train(was_training)
+        if network.chunks_in_time:
+            network.time_chunk = was_chunk
 
 
 def _to_network(clip: Tensor, device: torch.device, frames: int, height: int, width: int) -> Tensor:
@@ -248,9 +296,10 @@ def reconstruct(
     cfg = network.config
     tc, sc = cfg.temporal_compression, cfg.spatial_compression
     frames, height, width = video.shape[:3]
+    window = _whole(options.window, frames, tc)
     out = torch.empty_like(video, device="cpu")
-    with _session(network, options.dtype, options.device) as dev:
-        for start, stop, drop in _windows(frames, options.window, context):
+    with _session(network, options.dtype, options.device, options.time_chunk) as dev:
+        for start, stop, drop in _windows(frames, window, context):
             padded = 1 + _round_up(stop - start - 1, tc)
             x = _to_network(video[start:stop], dev, padded, _round_up(height, sc), _round_up(width, sc))
             y = _tiled(network, x, options.tile, options.tile_overlap, sc, 1.0)
@@ -269,7 +318,8 @@ def encode(
     """Encode a uint8 video ``[T, H, W, 3]`` window by window; returns CPU tensors.
 
     CV: ``{"latent": [n, C, t, h, w]}`` in ``options.dtype``; DV: ``{"indices": int32 [n, t, h, w]}``;
-    one row per window, every window padded to ``options.window`` frames. Both also hold 0-dim int64
+    one row per window, every window padded to ``options.window`` frames (``window=0``: one row, the whole
+    video padded to ``1 + k*tc`` frames; ``window`` then records that length). Both also hold 0-dim int64
     ``frames``, ``height``, ``width``, ``window`` and ``context`` for :func:`decode`.
     ``options.context`` defaults to 0 here: disjoint windows, and ``decode`` gives what
     ``reconstruct`` with ``context=0`` gives. With ``context > 0`` the windows overlap as in
@@ -279,17 +329,17 @@ def encode(
     """
     video = _as_video(video)
     context = check_options(network, options, encoding=True)
-    window, dtype = options.window, options.dtype
     cfg = network.config
     sc = cfg.spatial_compression
     frames, height, width = video.shape[:3]
+    window, dtype = _whole(options.window, frames, cfg.temporal_compression), options.dtype
 
     def pre_quant(x: Tensor) -> Tensor:
         network.check_video(x)
         return network.encoder_output(x)
 
     rows = []
-    with _session(network, dtype, options.device) as dev:
+    with _session(network, dtype, options.device, options.time_chunk) as dev:
         for start, stop, _ in _windows(frames, window, context):
             x = _to_network(video[start:stop], dev, window, _round_up(height, sc), _round_up(width, sc))
             z = _tiled(pre_quant, x, options.tile, options.tile_overlap, sc, 1.0 / sc)
@@ -310,11 +360,12 @@ def decode(
     tile: int | None = None,
     tile_overlap: int = 32,
     on_window: Callable[[int], object] | None = None,
+    time_chunk: int | None = None,
 ) -> Tensor:
     """Invert :func:`encode`: uint8 video ``[frames, height, width, 3]``.
 
     ``tile`` (pixels of the output) decodes in feather-blended spatial tiles. ``on_window``: as in
-    :func:`reconstruct`.
+    :func:`reconstruct`; ``time_chunk``: as in :class:`Options`.
     """
     cfg = network.config
     key, other = ("indices", "latent") if cfg.is_discrete else ("latent", "indices")
@@ -329,7 +380,7 @@ def decode(
         raise ValueError(
             f"encoded data lacks {err.args[0]!r}: write it with tokenizer_posttrain.evaluation.inference.encode"
         ) from err
-    context = check_options(network, Options(window, context, tile, tile_overlap), encoding=True)
+    context = check_options(network, Options(window, context, tile, tile_overlap, time_chunk=time_chunk), encoding=True)
     rows = encoded[key]
     spans = _windows(frames, window, context)
     if rows.shape[0] != len(spans):
@@ -339,7 +390,7 @@ def decode(
     sc = cfg.spatial_compression
     tile_latent = None if tile is None else tile // sc
     out = torch.empty(frames, height, width, 3, dtype=torch.uint8)
-    with _session(network, dtype, device) as dev:
+    with _session(network, dtype, device, time_chunk) as dev:
         for row, (start, stop, drop) in zip(rows, spans, strict=True):
             row = row.unsqueeze(0).to(dev)
             z = network.indices_to_latent(row) if cfg.is_discrete else row.float()
