@@ -5,8 +5,9 @@ One step is the trainer's own ``TokenizerModel`` step, driven through the hooks 
 perceptual), the NaN/Inf verdict read a step late, the gradient norm, clipping to 1.0 and a fused AdamW step.
 Paths are ``eager`` (the plain network) or ``+``-joined levers, each a ``model.*`` setting of the trainer:
 ``compile`` (``model.compile``), ``cl`` (``model.channels_last``), ``ckpt`` (``model.activation_checkpointing``),
-``cg`` (with ``compile``: ``model.cuda_graphs``), ``chunkN`` (``loss.perceptual.frame_chunk=N``), and ``bench``
-(cudnn.benchmark, not a trainer setting).
+``cg`` (with ``compile``: ``model.cuda_graphs``), ``chunkN`` (``loss.perceptual.frame_chunk=N``), ``tchunkN``
+(``model.time_chunk=N``: the Wan VAEs' causal pass in chunks of N latent frames), and ``bench`` (cudnn.benchmark,
+not a trainer setting).
 
 * clips/s: median over timed steps (each ends synchronised, as the trainer's per-step checks do).
 * MFU: FLOPs of the tokenizer's forward and backward (torch.utils.flop_counter on the meta device;
@@ -63,21 +64,26 @@ class Levers:
     checkpointing: bool = False
     frame_chunk: int | None = None
     cuda_graphs: bool = False
+    time_chunk: int = 0
 
 
 def parse_levers(spec: str) -> Levers:
-    """``eager`` or ``+``-joined levers (``compile``, ``cl``, ``bench``, ``ckpt``, ``chunkN``)."""
+    """``eager`` or ``+``-joined levers (``compile``, ``cl``, ``bench``, ``ckpt``, ``chunkN``, ``tchunkN``)."""
     tokens = [] if spec == "eager" else spec.split("+")
-    chunk = None
+    chunk, time_chunk = None, 0
     for token in tokens:
         if token.startswith("chunk") and token[5:].isdigit():
             chunk = int(token[5:])
+        elif token.startswith("tchunk") and token[6:].isdigit():
+            time_chunk = int(token[6:])
         elif token not in LEVERS:
-            raise SystemExit(f"unknown lever {token!r} in path {spec!r}; use eager or {'+'.join(LEVERS)}+chunkN")
+            raise SystemExit(
+                f"unknown lever {token!r} in path {spec!r}; use eager or {'+'.join(LEVERS)}+chunkN+tchunkN"
+            )
     if "cg" in tokens and "compile" not in tokens:
         raise SystemExit(f"path {spec!r}: cg (CUDA graphs) needs compile")
     flags = [lever in tokens for lever in ("compile", "cl", "bench", "ckpt")]
-    return Levers(spec, *flags, frame_chunk=chunk, cuda_graphs="cg" in tokens)
+    return Levers(spec, *flags, frame_chunk=chunk, cuda_graphs="cg" in tokens, time_chunk=time_chunk)
 
 
 @dataclass
@@ -170,6 +176,7 @@ class Stepper:
             cuda_graphs=path.cuda_graphs,
             channels_last=path.channels_last,
             activation_checkpointing=path.checkpointing,
+            time_chunk=path.time_chunk,
         )
         perceptual = PerceptualConfig(
             weight=PERCEPTUAL_WEIGHT if vgg_file else 0.0,

@@ -116,6 +116,38 @@ def test_switches_leave_keys_and_exported_behaviour_alone() -> None:
     assert net.encoder.memory_format == torch.contiguous_format and not net.decoder.mid.activation_checkpointing
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "switches",
+    [
+        {"compile": True, "channels_last": True, "cuda_graphs": True},
+        {"compile": True, "compile_scope": "blocks", "activation_checkpointing": True, "time_chunk": 1},
+    ],
+    ids=["step-graphed", "blocks-in-chunks"],
+)
+@pytest.mark.parametrize("name", ["Wan2.1-VAE", "Wan2.2-VAE"])
+def test_the_compiled_wan_step_follows_eager_bf16(name: str, switches: dict) -> None:
+    # Inductor on the GPU (the CPU tests capture with the eager backend): the step's loss and gradients under bf16
+    # autocast as far from eager bf16's as eager bf16's are from fp32's (bf16's own spread), at most twice.
+    video = torch.rand(2, 3, 9, 32, 32, generator=torch.Generator().manual_seed(0)).cuda() * 2 - 1
+    mask = torch.ones(1, 1, 9, 32, 32, device="cuda")
+    results = []
+    for settings, bf16 in (({}, False), ({}, True), (switches, True)):
+        torch.manual_seed(0)
+        module = TokenizerModel(ModelConfig(model=name, channels=16, **settings), loss=no_vgg()).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = module.training_step({VIDEO: video, LOSS_MASK: mask}, 0)
+        loss.backward()
+        results.append((loss.detach().float(), torch.cat([p.grad.flatten() for p in module.network.parameters()])))
+    (fp32_loss, fp32_grads), (eager_loss, eager_grads), (loss, grads) = results
+
+    def apart(a: torch.Tensor, b: torch.Tensor) -> float:
+        return ((a - b).norm() / b.norm()).item()
+
+    assert apart(loss, eager_loss) <= 2 * apart(eager_loss, fp32_loss) + 1e-4
+    assert apart(grads, eager_grads) <= 2 * apart(eager_grads, fp32_grads) + 1e-4
+
+
 def test_time_chunks_are_refused_where_the_network_cannot_chunk() -> None:
     with pytest.raises(ValueError, match=r"model.time_chunk=2: CausalVideoTokenizer cannot run a clip in chunks"):
         configure_network(tiny("CV8x8x8"), time_chunk=2)
