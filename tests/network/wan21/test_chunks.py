@@ -1,6 +1,6 @@
 """A clip's causal pass in chunks of time (``network.time_chunk``) gives the whole-clip pass's outputs and
-gradients, for both Wan families, with blocks recomputed inside the chunks or not, and keeps a fraction of what
-autograd holds for the backward pass. (The official vectors in chunks: test_reference_vectors.py.)"""
+gradients, for both Wan families, with blocks recomputed inside the chunks or not. (The official vectors in chunks:
+test_reference_vectors.py; the memory they save: tests/training/test_memory.py.)"""
 
 from __future__ import annotations
 
@@ -50,35 +50,6 @@ def test_chunks_give_the_whole_clip_s_outputs_and_gradients(name: str, recompute
         ):
             assert ours.shape == reference.shape
             assert relative(ours, reference) < 1e-12, (time_chunk, what)
-
-
-def saved_megabytes(network: VideoTokenizer, x: torch.Tensor) -> float:
-    """What autograd holds for the backward pass of an encode and decode (each storage counted once)."""
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        posterior = network.encoder_output(x)
-        network.decode(posterior[:, : posterior.shape[1] // 2])
-    return sum(storages.values()) / 2**20
-
-
-@pytest.mark.parametrize("name", FAMILIES)
-def test_chunks_hold_a_fraction_of_what_the_backward_pass_keeps(name: str) -> None:
-    network = build_tokenizer(name, channels=8)
-    x = torch.rand(1, 3, 33, 64, 64) * 2 - 1
-    plain = saved_megabytes(network, x)
-    configure_network(network, activation_checkpointing=True)
-    blocks = saved_megabytes(network, x)
-    configure_network(network, activation_checkpointing=True, time_chunk=2)
-    chunks = saved_megabytes(network, x)
-    # Measured: 331 / 49 / 22 MB (Wan2.1), 124 / 19 / 9 MB (Wan2.2). The chunks keep their inputs and the
-    # frames they hand on (copies: a view would keep each chunk's whole tensor).
-    assert blocks < plain / 4
-    assert chunks < blocks / 2, (plain, blocks, chunks)
 
 
 def test_chunk_sizes_cover_the_clip() -> None:

@@ -71,7 +71,8 @@ class RMSNorm(nn.Module):
     """Normalises each position's channel vector to unit L2 norm, times ``sqrt(dim)`` and a learnt gain.
 
     ``gamma`` has the official shape ``[dim, 1, 1, 1]`` (``[dim, 1, 1]`` with ``image_shape``); any input
-    ``[B, dim, ...]`` is normalised over dim 1.
+    ``[B, dim, ...]`` is normalised over dim 1 (in fp32 under autocast) and comes out in the input's dtype
+    (under bf16 autocast, bf16 as the convolution that follows reads it).
     """
 
     def __init__(self, dim: int, image_shape: bool = False) -> None:
@@ -80,8 +81,10 @@ class RMSNorm(nn.Module):
         self.gamma = nn.Parameter(torch.ones(dim, *(1,) * (2 if image_shape else 3)))
 
     def forward(self, x: Tensor) -> Tensor:
+        # Back in the input's dtype: under bf16 autocast the norm's fp32 result would make the activation and the
+        # convolution's input after it twice as large, and the convolution reads it as bf16 anyway.
         gamma = self.gamma.view(-1, *(1,) * (x.dim() - 2))
-        return F.normalize(x, dim=1) * self.scale * gamma
+        return (F.normalize(x, dim=1) * self.scale * gamma).to(x.dtype)
 
 
 class ResidualBlock(nn.Module):
@@ -165,12 +168,12 @@ class Resample(Streaming):
     def _downsample_time(self, x: Tensor) -> Tensor:
         if self.time_conv is None:
             return x
-        if self.stream is not None:
-            past = self.stream.carried.get(self)
+        stream = self.stream
+        if stream is not None:
             self.stream.hand(self, x[:, :, -1:])
-            if not self.stream.first:
-                assert past is not None and x.shape[2] % 2 == 0, "a later chunk has an even number of frames"
-                return self.time_conv(torch.cat([past, x], dim=2))
+            if not stream.first:
+                assert x.shape[2] % 2 == 0, "a later chunk has an even number of frames"
+                return self.time_conv(torch.cat([stream.past(self, x, 1), x], dim=2))
         if x.shape[2] == 1:
             return x
         return torch.cat([x[:, :, :1], self.time_conv(x)], dim=2)

@@ -20,7 +20,8 @@ and gradients flow back through the carried frames into the chunk before.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -31,22 +32,30 @@ class Stream:
     """The causal state of one chunk of a clip: what the previous chunk left each module, and what this one hands
     the next. A module looks itself up in :attr:`carried` (None before the first chunk) and :meth:`hand`s on."""
 
-    def __init__(self, first: bool, carried: dict[nn.Module, Tensor | None]) -> None:
+    def __init__(self, first: bool, carried: dict[nn.Module, Tensor | None], hands_on: bool = True) -> None:
         self.first = first
         """Whether this chunk holds the clip's first frame."""
         self.carried = carried
+        self.hands_on = hands_on
         self.handed: dict[nn.Module, Tensor] = {}
 
     def hand(self, module: nn.Module, frames: Tensor) -> None:
         """Leave ``frames`` (a few of a chunk's frames) to ``module`` in the next chunk: a copy, since a view would
         keep the whole chunk's tensor alive until the backward pass."""
-        self.handed[module] = frames.clone()
+        if self.hands_on:
+            self.handed[module] = frames.clone()
+
+    def replay(self) -> Stream:
+        """The state again for a piece recomputed in the backward pass, which hands nothing on. (A recomputation
+        keeps what it runs with; were that the stream itself, the frames it handed would reference the graph
+        that references them, a cycle that keeps a chunk's tensors alive to the end of the backward pass.)"""
+        return Stream(self.first, self.carried, hands_on=False)
 
     def past(self, module: nn.Module, like: Tensor, frames: int) -> Tensor:
         """``module``'s carried frames, or ``frames`` zero frames shaped like ``like``'s before the first chunk."""
         carried = self.carried.get(module)
         if carried is not None:
-            return carried
+            return _CompactGradient.apply(carried) if carried.requires_grad else carried
         return like.new_zeros(*like.shape[:2], frames, *like.shape[3:])
 
 
@@ -62,6 +71,21 @@ def attached(stream: Stream, modules: Sequence[Streaming]) -> Iterator[None]:
     finally:
         for module, previous in zip(modules, before, strict=True):
             module.stream = previous
+
+
+class Rerun:
+    """The context of one piece of a chunk (a block), entered at each run of it: the chunk's stream the first
+    time, its :meth:`Stream.replay` when the backward pass recomputes the piece. Holds the stream itself only until
+    the first run, so nothing the piece handed on stays referenced by the recomputation."""
+
+    def __init__(self, stream: Stream, modules: Sequence[Streaming]) -> None:
+        self.stream: Stream | None = stream
+        self.replay = stream.replay()
+        self.modules = modules
+
+    def __call__(self) -> AbstractContextManager[None]:
+        stream, self.stream = self.stream or self.replay, None
+        return attached(stream, self.modules)
 
 
 class Streaming(nn.Module):
@@ -103,8 +127,10 @@ def run_in_chunks(
             out = fn(piece)
         return (out, *(stream.handed.get(m, stream.carried[m]) for m in modules))
 
-    outputs = []
+    outputs: list[Tensor] = []
     for i, piece in enumerate(x.split(list(sizes), dim=2)):
+        if outputs and outputs[-1].requires_grad and torch.is_grad_enabled():
+            piece = _Before.apply(piece, outputs[-1])
         if recompute and torch.is_grad_enabled():
             results = checkpoint(piece_pass, piece, i == 0, *carried, use_reentrant=False)
         else:
@@ -114,6 +140,40 @@ def run_in_chunks(
         outputs.append(out)
         carried = list(results[1:])
     return torch.cat(outputs, dim=2)
+
+
+class _CompactGradient(torch.autograd.Function):
+    """``x`` unchanged; its gradient copied into a tensor of its own.
+
+    A carried frame's gradient is a slice of the gradient of the whole padded input of a convolution in the next
+    chunk; handed back as a view, it would keep that whole gradient alive until the earlier chunk's backward pass
+    runs, for every convolution at once."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:  # noqa: ARG004
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return grad.clone()
+
+
+class _Before(torch.autograd.Function):
+    """``x`` unchanged, after ``earlier`` in the backward pass: ``earlier``'s gradient (None) comes back only
+    once ``x``'s has.
+
+    Without it autograd may start on an earlier chunk's output (its gradient from the join is ready at once)
+    while a later chunk's backward waits on a branch: the earlier chunk is then recomputed too, and several
+    chunks' activations live at the same time. This keeps the chunks' backward passes one after the other.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, earlier: Tensor) -> Tensor:  # noqa: ARG004 - a dependency only
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None
 
 
 def streaming_modules(module: nn.Module) -> list[Streaming]:

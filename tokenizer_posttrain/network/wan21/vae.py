@@ -9,7 +9,6 @@ for display).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
@@ -19,7 +18,7 @@ from torch import Tensor, nn
 from ..family import Encoding, VideoTokenizer
 from ..segments import Segment, run_segment
 from .blocks import AttentionBlock, CausalConv3d, Resample, ResidualBlock, RMSNorm
-from .chunks import Streaming, attached, chunk_sizes, run_in_chunks, streaming_modules
+from .chunks import Rerun, Streaming, chunk_sizes, run_in_chunks, streaming_modules
 from .registry import Wan21Config
 
 
@@ -46,7 +45,7 @@ class Segmented(Streaming):
     def _segment(self, fn: Segment, x: Tensor, recompute: bool, owner: nn.Module) -> Tensor | tuple[Tensor, ...]:
         """``fn(x)`` through :func:`~..segments.run_segment`; ``owner`` holds the modules ``fn`` runs."""
         stream = self.stream
-        context = None if stream is None else functools.partial(attached, stream, streaming_modules(owner))
+        context = None if stream is None else Rerun(stream, streaming_modules(owner))
         return run_segment(fn, x, recompute, self.segment_wrapper, context)
 
     def _run_all(self, pieces: nn.Sequential, x: Tensor) -> Tensor:
