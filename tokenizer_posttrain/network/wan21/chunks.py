@@ -129,8 +129,6 @@ def run_in_chunks(
 
     outputs: list[Tensor] = []
     for i, piece in enumerate(x.split(list(sizes), dim=2)):
-        if outputs and outputs[-1].requires_grad and torch.is_grad_enabled():
-            piece = _Before.apply(piece, outputs[-1])
         if recompute and torch.is_grad_enabled():
             results = checkpoint(piece_pass, piece, i == 0, *carried, use_reentrant=False)
         else:
@@ -156,24 +154,6 @@ class _CompactGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tensor:
         return grad.clone()
-
-
-class _Before(torch.autograd.Function):
-    """``x`` unchanged, after ``earlier`` in the backward pass: ``earlier``'s gradient (None) comes back only
-    once ``x``'s has.
-
-    Without it autograd may start on an earlier chunk's output (its gradient from the join is ready at once)
-    while a later chunk's backward waits on a branch: the earlier chunk is then recomputed too, and several
-    chunks' activations live at the same time. This keeps the chunks' backward passes one after the other.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, earlier: Tensor) -> Tensor:  # noqa: ARG004 - a dependency only
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad, None
 
 
 def streaming_modules(module: nn.Module) -> list[Streaming]:
