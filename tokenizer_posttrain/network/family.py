@@ -32,6 +32,9 @@ class Encoding(NamedTuple):
     """VAEs only: the posterior's mean (the same tensor as ``latent``)."""
     logvar: Optional[Tensor] = None
     """VAEs only: the posterior's log-variance, which a KL term reads."""
+    pre_quant: Optional[Tensor] = None
+    """Discrete tokenizers only: the encoder's output before quantizing (``[B, C, t, h, w]``), which has gradients
+    where the token indices have none."""
 
     @property
     def tokens(self) -> Tensor:
@@ -43,6 +46,12 @@ class Encoding(NamedTuple):
         if self.mean is None or self.logvar is None:
             return self.latent
         return self.mean + torch.exp(0.5 * self.logvar) * torch.randn_like(self.mean)
+
+    @property
+    def continuous(self) -> Tensor:
+        """The encoder's continuous output: the latent (a VAE's posterior mean), or a discrete tokenizer's codes
+        before quantizing."""
+        return self.latent if self.pre_quant is None else self.pre_quant
 
     @property
     def posterior(self) -> Optional[tuple[Tensor, Tensor]]:
@@ -311,6 +320,18 @@ def family_of(config: NetworkConfig) -> TokenizerFamily:
         if config.name in family.configs and isinstance(config, type(family.configs[config.name])):
             return family
     raise ValueError(f"model {config.name!r} belongs to no registered tokenizer family")
+
+
+def channel_scale(config: NetworkConfig, latent: Tensor) -> Tensor:
+    """The spread of each latent channel that a world model sees, ``[1, C, 1, 1, 1]``: the std its family's
+    consumers normalise with (:attr:`TokenizerFamily.latent_constants`: the Wan VAEs), else each channel's std
+    over ``latent`` itself (computed without gradients; Cosmos' per-frame statistics are of the same order).
+    Latent noise and the latent anchor are measured in it, so a number means the same in every family."""
+    constants = family_of(config).latent_constants
+    if constants is not None:
+        return torch.tensor(constants[1], device=latent.device, dtype=torch.float32).view(1, -1, 1, 1, 1)
+    with torch.no_grad():
+        return latent.float().transpose(0, 1).flatten(1).std(dim=1).clamp_min(1e-6).view(1, -1, 1, 1, 1)
 
 
 def build_network(config: NetworkConfig) -> VideoTokenizer:

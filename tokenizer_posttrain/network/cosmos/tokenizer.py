@@ -57,7 +57,7 @@ class CausalVideoTokenizer(VideoTokenizer):
     def encoding_of(self, z: Tensor) -> Encoding:
         if self.is_discrete:
             indices, codes, quant_loss = self.quantizer(z)
-            return Encoding(codes, indices, quant_loss)
+            return Encoding(codes, indices, quant_loss, pre_quant=z)
         return Encoding(z)
 
     def decode_unchecked(self, latent: Tensor) -> Tensor:
