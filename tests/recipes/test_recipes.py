@@ -158,6 +158,7 @@ NEMO_SCHEDULES = {
     "high_freq": (0.0, 0.0, 0.0, 0.0, 0.0),
     "consistency": (0.0, 0.0, 0.0, 0.0, 0.0),
     "kl": (0.0, 0.0, 0.0, 0.0, 0.0),  # a VAE's term: Cosmos has no posterior
+    "latent_anchor": (0.0, 0.0, 0.0, 0.0, 0.0),  # ours, not NeMo's: off unless asked
 }
 
 

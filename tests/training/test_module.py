@@ -204,3 +204,26 @@ def test_validation_logs_each_active_term_as_val_name(tmp_path: Path) -> None:
     assert expected > 0  # the reconstruction differs from the input: a zeroed or constant value cannot match
     assert logged["val/high_freq"] == pytest.approx(expected.item(), rel=1e-5)
     assert logged["val/loss"] == pytest.approx(logged["val/l1"] + 0.5 * logged["val/high_freq"], rel=1e-5)
+
+
+def test_latent_noise_is_off_at_weight_0_and_scaled_by_each_channel_s_spread() -> None:
+    from tokenizer_posttrain.network import Encoding
+    from tokenizer_posttrain.network.wan21.registry import WAN21_LATENT_STD
+    from tokenizer_posttrain.training.config import DataConfig, LatentNoiseConfig
+    from tokenizer_posttrain.training.train import check_clip_shape
+
+    latent = torch.zeros(4, 16, 8, 32, 32)
+    plain = TokenizerModel(ModelConfig(model="Wan2.1-VAE", channels=8), loss=no_vgg()).train()
+    assert plain._decoded(Encoding(latent)) is latent
+    noisy = ModelConfig(model="Wan2.1-VAE", channels=8, latent_noise=LatentNoiseConfig(weight=0.2))
+    module = TokenizerModel(noisy, loss=no_vgg()).train()
+    torch.manual_seed(0)
+    seen = module._decoded(Encoding(latent))
+    # 32768 values a channel: the measured std is within 2% of 0.2 x the channel's constant.
+    measured = seen.transpose(0, 1).flatten(1).std(dim=1)
+    torch.testing.assert_close(measured, 0.2 * torch.tensor(WAN21_LATENT_STD), rtol=0.02, atol=0)
+    assert module.eval()._decoded(Encoding(latent)) is latent  # validation and inference decode the latent
+    with pytest.raises(ValueError, match="model.latent_noise: Cosmos-1.0-Tokenizer-DV8x16x16 decodes discrete"):
+        check_clip_shape(ModelConfig(model="DV8x16x16", latent_noise=LatentNoiseConfig(weight=0.1)), DataConfig())
+    with pytest.raises(ValueError, match=r"model.latent_noise.weight=-1.0 must be finite and >= 0"):
+        ModelConfig(latent_noise=LatentNoiseConfig(weight=-1.0))

@@ -9,12 +9,14 @@ logs every term as ``train/<name>`` and ``val/<name>``, and the launch asks ever
 it fits the clips (``TermConfig.clip_problems``). A term on VGG16 features is a :class:`~.perceptual.FeatureTerm`:
 the terms of that kind active at a step share one VGG16 pass. A term that needs the network on other clips
 names them in ``LossTerm.extra_inputs`` (the step runs them and hands the outputs over in the context, as
-:mod:`.consistency` does); one that reads the posterior finds it in ``StepContext.posterior``.
+:mod:`.consistency` does); one that reads the posterior finds it in ``StepContext.posterior``, the encoder's
+output in ``StepContext.latent``; one that compares with the base model keeps a frozen copy in
+``LossTerm.attach`` (:mod:`.anchor`).
 """
 
 from .context import NetworkOutput, Posterior, StepContext
 from .loss import TERMS, Loss, LossConfig, build_loss
-from .terms import LossTerm, TermConfig
+from .terms import LossTerm, Schedule, TermConfig
 
 __all__ = [
     "TERMS",
@@ -23,6 +25,7 @@ __all__ = [
     "LossTerm",
     "NetworkOutput",
     "Posterior",
+    "Schedule",
     "StepContext",
     "TermConfig",
     "build_loss",

@@ -2,9 +2,9 @@
 
 The step fills it once and hands it to every term (:meth:`~.loss.Loss.forward`); each term reads what it
 needs. The clip's reconstruction, the clip and its mask are always there; the posterior where the network
-has one (VAEs; None for Cosmos); and ``extras``, the network's outputs on other clips that a term asked for
-(:meth:`~.terms.LossTerm.extra_inputs`: loss.consistency's windows), run by the step before its own pass,
-each once, and only at the steps where a term that asks is on.
+has one (VAEs; None for Cosmos); the encoder's continuous output; and ``extras``, the network's outputs on other
+clips that a term asked for (:meth:`~.terms.LossTerm.extra_inputs`: loss.consistency's windows), run by the step
+before its own pass, each once, and only at the steps where a term that asks is on.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ class StepContext(NamedTuple):
     """The encoder's posterior over the clip's latent; None where the network has none (Cosmos)."""
     extras: Optional[Mapping[str, NetworkOutput]] = None
     """The network's outputs on the clips the active terms asked for, by the name each term gave them."""
+    latent: Optional[Tensor] = None
+    """The encoder's continuous output on the clip (``Encoding.continuous``: the latent, a VAE's posterior mean,
+    a discrete tokenizer's codes before quantizing), which loss.latent_anchor holds near the base's."""
 
     def extra(self, name: str) -> NetworkOutput:
         """The extra pass ``name``; a clear error where the step did not run it."""

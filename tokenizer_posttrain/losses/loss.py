@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .anchor import LatentAnchorConfig
 from .consistency import ConsistencyConfig
 from .context import NetworkOutput, NetworkPass, StepContext
 from .flow import FlowConfig
@@ -69,6 +70,10 @@ class LossConfig:
     """KL divergence of a VAE encoder's posterior from the unit Gaussian, summed over each clip's latent (the Wan
     VAEs; the wan21 recipes set 1e-6, the latent-diffusion VAEs' weight); weight 0 (default): off. Tokenizers
     without a posterior (Cosmos) refuse it at launch."""
+    latent_anchor: LatentAnchorConfig = field(default_factory=LatentAnchorConfig)
+    """Hold a training encoder's output near the frozen base encoder's, in units of each latent channel's spread,
+    so a world model trained on the base's latents keeps working (README, "Keeping a world model's latents
+    valid"); weight 0 (default): off, no base copy. Refused with model.trainable=decoder (the latents stay anyway)."""
     gan: GANConfig = field(default_factory=GANConfig)
     """Adversarial fine-tuning: a discriminator trained beside the tokenizer and a generator term (the Cosmos
     paper's fine-tuning stage; no released trainer has it); weight 0 (default): off, nothing built. Not a term of
@@ -172,6 +177,11 @@ class Loss(nn.Module):
         self.terms = nn.ModuleDict({name: config.term(name).build() for name in on})
         self.feature_terms = frozenset(name for name, term in self.terms.items() if isinstance(term, FeatureTerm))
         self.vgg = SharedVGG16(config.perceptual) if self.feature_terms else None
+
+    def attach(self, network: nn.Module) -> None:
+        """Hand every term the network to train, before training changes it (:meth:`~.terms.LossTerm.attach`)."""
+        for term in self.terms.values():
+            term.attach(network)
 
     def prepare(self, step: int, device: torch.device) -> dict[str, float]:
         """Build and move to ``device`` the terms active at optimizer step ``step`` (and the VGG16 if one of

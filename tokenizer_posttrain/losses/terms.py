@@ -25,11 +25,13 @@ class Clips:
     """Continuous latents (CV), not discrete tokens (DV)."""
     posterior: bool = False
     """The encoder gives a Gaussian posterior (a VAE), which loss.kl reads."""
+    encoder_trains: bool = True
+    """The run trains the encoder (``model.trainable`` is not ``decoder``), which loss.latent_anchor holds."""
 
 
 @dataclass
-class TermConfig:
-    """A loss term's weight: constant, or piecewise constant over optimizer steps."""
+class Schedule:
+    """A value over optimizer steps: constant, or piecewise constant (a loss term's weight, the latent noise)."""
 
     weight: float = 0.0
     """Weight of the term at every step (used when ``values`` is empty); 0 turns the term off."""
@@ -39,10 +41,6 @@ class TermConfig:
     while boundaries[i-1] <= step < boundaries[i], ``values[-1]`` from the last boundary on."""
     values: list[float] = field(default_factory=list)
     """``len(boundaries) + 1`` weights of the schedule; empty means ``weight`` at every step."""
-
-    def build(self) -> "LossTerm":
-        """The term this config sets up (each term's config names its class here)."""
-        raise NotImplementedError(f"{type(self).__name__} names no loss term: give it a build() returning one")
 
     def weight_at(self, step: int) -> float:
         """The weight at optimizer step ``step``."""
@@ -59,11 +57,6 @@ class TermConfig:
     def ever_on(self) -> bool:
         """Whether the term has a non-zero weight at some step (and so needs its files and networks)."""
         return any(w != 0 for w in self.weights)
-
-    def clip_problems(self, key: str, clips: Clips) -> list[str]:
-        """What stops this term on the run's ``clips``, each naming the setting (``key``: ``loss.<term>``) and what
-        to set; asked at launch of the terms that are ever on. Most terms take any clip."""
-        return []
 
     def problems(self, key: str) -> list[str]:
         """What is wrong with this schedule, each naming ``key`` (``loss.<term>``) and the fix."""
@@ -84,6 +77,20 @@ class TermConfig:
         return problems
 
 
+@dataclass
+class TermConfig(Schedule):
+    """A loss term's settings: its weight schedule, and the term it builds."""
+
+    def build(self) -> "LossTerm":
+        """The term this config sets up (each term's config names its class here)."""
+        raise NotImplementedError(f"{type(self).__name__} names no loss term: give it a build() returning one")
+
+    def clip_problems(self, key: str, clips: Clips) -> list[str]:
+        """What stops this term on the run's ``clips``, each naming the setting (``key``: ``loss.<term>``) and what
+        to set; asked at launch of the terms that are ever on. Most terms take any clip."""
+        return []
+
+
 class LossTerm(nn.Module):
     """One term of the objective: ``forward(context)`` -> fp32 scalar, from what it reads of the step's
     :class:`~.context.StepContext` (reconstruction, target, mask, posterior, extra passes).
@@ -100,6 +107,10 @@ class LossTerm(nn.Module):
 
     def check(self) -> None:
         """Raise a clear error now if the term could not run later (e.g. a missing weights file)."""
+
+    def attach(self, network: nn.Module) -> None:
+        """Called once with the network to train, before training changes it (or adapters wrap it): a term that
+        compares with the base model keeps what it needs of it here. Most terms: nothing."""
 
     def prepare(self, device: torch.device) -> None:
         """Build what the term needs (once) and move it to ``device``."""

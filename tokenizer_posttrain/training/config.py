@@ -14,6 +14,7 @@ from typing import Optional
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.clip_start import CLIP_STARTS, DECODERS
 from ..losses.loss import LossConfig  # the loss.* group lives with the terms it configures
+from ..losses.terms import Schedule
 
 __all__ = [
     "DataConfig",
@@ -76,6 +77,15 @@ class LoRAConfig:
 
 
 @dataclass
+class LatentNoiseConfig(Schedule):
+    """Gaussian noise on the latent the decoder reads while training (continuous models), so the decoder learns to
+    tolerate latents close to, not equal to, its encoder's: what a world model hands it. ``weight`` is the noise's
+    std in units of each latent channel's spread (``network.channel_scale``: Wan's normalisation constants, else the
+    batch's per-channel std), on a schedule like a loss term's. 0 (default): off. ``evaluate`` reports the PSNR
+    from noised latents beside the clean one, so the effect is measured."""
+
+
+@dataclass
 class ModelConfig:
     """What to train."""
 
@@ -98,6 +108,9 @@ class ModelConfig:
     """VAEs (the Wan families): decode a sample of the encoder's posterior while training (mean + std x noise,
     as a VAE is trained), instead of its mean (what inference decodes). Validation decodes the mean either way.
     Tokenizers without a posterior (Cosmos) refuse it at launch."""
+    latent_noise: LatentNoiseConfig = field(default_factory=LatentNoiseConfig)
+    """Noise on the latent the decoder reads while training, in units of each channel's spread
+    (model.latent_noise.weight, or a schedule: .boundaries/.values); off by default; continuous models only."""
     ema_decay: Optional[float] = None
     """Keep an exponential moving average of the weights with this decay (e.g. 0.999); it is
     used for validation and export."""
@@ -150,6 +163,9 @@ class ModelConfig:
             value = getattr(self, key)
             _require(isinstance(value, bool), f"model.{key}", value, "use true or false")
         _require(self.compile_scope in _COMPILE_SCOPES, "model.compile_scope", self.compile_scope, "use step or blocks")
+        noise_problems = self.latent_noise.problems("model.latent_noise")
+        if noise_problems:
+            raise ValueError("invalid model settings: " + "; ".join(noise_problems))
         _require(
             isinstance(self.time_chunk, int) and not isinstance(self.time_chunk, bool) and self.time_chunk >= 0,
             "model.time_chunk",

@@ -20,7 +20,7 @@ from ..data.batch import LOSS_MASK, VIDEO
 from ..evaluation.metrics import video_psnr, video_ssim
 from ..io.checkpoint import CONFIG_KEY, TRAIN_OVERRIDES, load_tokenizer
 from ..losses import Loss, LossConfig, NetworkOutput, Posterior, StepContext, build_loss
-from ..network import Encoding, VideoTokenizer, build_tokenizer
+from ..network import Encoding, VideoTokenizer, build_tokenizer, channel_scale
 from .acceleration import StepAcceleration
 from .adversarial import RECONSTRUCTION, AdversarialStage
 from .config import ModelConfig, OptimConfig
@@ -49,9 +49,11 @@ class TokenizerModel(pl.LightningModule):
             {"model": asdict(self.model_config), "optim": asdict(self.optim_config), "loss": asdict(self.loss_config)}
         )
         self.network = build_network(self.model_config)
-        self.trainable_names = configure_trainable(self.network, self.model_config.trainable, self.model_config.lora)
-        # Held in a list, not as a child: its frozen networks (59 MB of VGG16) stay out of checkpoints and DDP.
+        # Held in a list, not as a child: its frozen networks (59 MB of VGG16, a base encoder) stay out of
+        # checkpoints and DDP. Attached before adapters or training change the network.
         self._loss: list[Loss] = [build_loss(self.loss_config)]
+        self.loss.attach(self.network)
+        self.trainable_names = configure_trainable(self.network, self.model_config.trainable, self.model_config.lora)
         gan = self.loss_config.gan
         # Built before anything compiles; None when loss.gan is off (then nothing of it exists).
         self.adversarial = AdversarialStage(gan, self.network, self.loss) if gan.ever_on else None
@@ -80,8 +82,16 @@ class TokenizerModel(pl.LightningModule):
         return self.network.encoding(video)
 
     def _decoded(self, encoding: Encoding) -> Tensor:
-        """What the decoder reads: a posterior sample with model.sample_posterior (training), else the latent."""
-        return encoding.sample() if self.model_config.sample_posterior and self.training else encoding.latent
+        """What the decoder reads: a posterior sample with model.sample_posterior (training), else the latent;
+        while training with model.latent_noise, plus Gaussian noise in units of each channel's spread."""
+        if not self.training:
+            return encoding.latent
+        latent = encoding.sample() if self.model_config.sample_posterior else encoding.latent
+        level = self.model_config.latent_noise.weight_at(self.global_step)
+        if level:
+            scale = channel_scale(self.network.config, encoding.latent.detach())
+            latent = latent + (level * scale).to(latent.dtype) * torch.randn_like(latent)
+        return latent
 
     def _reconstruct_with_head_input(self, video: Tensor) -> tuple[Tensor, Tensor]:
         """The reconstruction, and the input of the decoder's last layer (the GAN stage's split step)."""
@@ -92,20 +102,19 @@ class TokenizerModel(pl.LightningModule):
         latent = self._encoding(clips).latent
         return NetworkOutput(self.network.decode(latent), None if self.network.is_discrete else latent)
 
-    def losses(
-        self, recon: Tensor, video: Tensor, mask: Tensor, posterior: Posterior | None = None
-    ) -> dict[str, Tensor]:
-        """Every loss term active now on ``video``'s reconstruction ``recon``, and their total (not compiled)."""
+    def losses(self, recon: Tensor, video: Tensor, mask: Tensor, encoding: Encoding | None = None) -> dict[str, Tensor]:
+        """Every loss term active now on ``video``'s reconstruction ``recon`` (from ``encoding``, when the terms
+        read the encoder's output), and their total (not compiled)."""
         weights = self.loss.prepare(self.global_step, video.device)
         extras = self.loss.extra_passes(video, weights, self._extra_pass)
-        return self.loss(StepContext(recon, video, mask, posterior, extras), weights)
+        return self.loss(_context(recon, video, mask, encoding, extras), weights)
 
     def _step_forward(self, video: Tensor, mask: Tensor, weights: dict[str, float]) -> dict[str, Tensor]:
         """Forward of network and loss: the part ``model.compile`` compiles (as one graph, or in pieces)."""
         extras = self.loss.extra_passes(video, weights, self._extra_pass)  # none unless a term asks
         encoding = self._encoding(video)
         reconstruction, _ = self.network.decode_with_head_input(self._decoded(encoding))
-        terms = self._loss_call(StepContext(reconstruction, video, mask, Posterior.of(encoding), extras), weights)
+        terms = self._loss_call(_context(reconstruction, video, mask, encoding, extras), weights)
         if self.adversarial is not None:  # the discriminator needs it, outside the compiled step
             terms = {**terms, RECONSTRUCTION: reconstruction}
         return terms
@@ -160,7 +169,7 @@ class TokenizerModel(pl.LightningModule):
         encoding = self.network.encoding(video)
         reconstruction = self.network.decode(encoding.latent)
         n = video.shape[0]
-        for name, value in self.losses(reconstruction, video, mask, Posterior.of(encoding)).items():
+        for name, value in self.losses(reconstruction, video, mask, encoding).items():
             self.log(f"val/{name}", value, batch_size=n, sync_dist=True)
         self.log("val/psnr", video_psnr(reconstruction, video), batch_size=n, sync_dist=True, prog_bar=True)
         self.log("val/ssim", video_ssim(reconstruction, video), batch_size=n, sync_dist=True)
@@ -184,6 +193,19 @@ class TokenizerModel(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.adversarial is not None:
             self.adversarial.load_from(checkpoint)
+
+
+def _context(
+    reconstruction: Tensor,
+    video: Tensor,
+    mask: Tensor,
+    encoding: Encoding | None,
+    extras: dict[str, NetworkOutput] | None = None,
+) -> StepContext:
+    """What the loss terms read of a step on ``video``, whose ``encoding`` gave ``reconstruction``."""
+    if encoding is None:
+        return StepContext(reconstruction, video, mask, None, extras)
+    return StepContext(reconstruction, video, mask, Posterior.of(encoding), extras, encoding.continuous)
 
 
 def build_network(cfg: ModelConfig) -> VideoTokenizer:

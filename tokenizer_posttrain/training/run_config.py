@@ -13,7 +13,17 @@ from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from .acceleration import GPU_SETTINGS
-from .config import DataConfig, LogConfig, LoRAConfig, LossConfig, ModelConfig, OptimConfig, ResumeConfig, TrainerConfig
+from .config import (
+    DataConfig,
+    LatentNoiseConfig,
+    LogConfig,
+    LoRAConfig,
+    LossConfig,
+    ModelConfig,
+    OptimConfig,
+    ResumeConfig,
+    TrainerConfig,
+)
 
 Make = Callable[..., Any]
 """How a config is made from its class and keyword settings: :func:`instance`, or NeMo-Run's ``run.Config``."""
@@ -38,6 +48,7 @@ def model_config(
     docs/benchmarks.md has what they measured), else each off. ``lora_rank`` sets ``model.lora.rank`` (None: its
     default, left unset so that a recipe shows no override); ``settings``: other ``ModelConfig`` fields."""
     lora = make(LoRAConfig) if lora_rank is None else make(LoRAConfig, rank=lora_rank)
+    settings.setdefault("latent_noise", make(LatentNoiseConfig))  # NeMo-Run reaches no default_factory
     return make(
         ModelConfig,
         model=name,

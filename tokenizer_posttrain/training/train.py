@@ -109,12 +109,18 @@ def resolve_parallelism(trainer: TrainerConfig, data: DataConfig) -> Parallelism
 
 def check_clip_shape(model: ModelConfig, data: DataConfig) -> None:
     """Fail before launch when the clip shape cannot go through the tokenizer (or when model.sample_posterior
-    asks a tokenizer without a posterior, or model.time_chunk one that cannot chunk)."""
+    asks a tokenizer without a posterior, model.time_chunk one that cannot chunk, or model.latent_noise a discrete
+    one)."""
     cfg = get_config(model.model)
     if model.sample_posterior and not family_of(cfg).posterior:
         raise ValueError(
             f"model.sample_posterior=true: {cfg.full_name} has no posterior to sample (only the VAE families do); "
             "set model.sample_posterior=false"
+        )
+    if model.latent_noise.ever_on and cfg.is_discrete:
+        raise ValueError(
+            f"model.latent_noise: {cfg.full_name} decodes discrete codes, not continuous latents a world model "
+            "would hand it noisy; set model.latent_noise.weight=0"
         )
     if model.time_chunk:
         with torch.device("meta"):
@@ -158,6 +164,7 @@ def check_loss_clips(model: ModelConfig, data: DataConfig, loss: LossConfig) -> 
         cfg.temporal_compression,
         not cfg.is_discrete,
         family_of(cfg).posterior,
+        encoder_trains=model.trainable != "decoder",
     )
     problems = loss.clip_problems(clips)
     if problems:
