@@ -87,7 +87,7 @@ def train(module: TokenizerModel, clips: Tensor, steps: int, batch: int, lr: flo
         terms = module.step_forward(video, mask, module.loss.prepare(step, video.device))
         terms["loss"].backward()
         optimizer.step()
-        losses.append(float(terms["loss"]))
+        losses.append(float(terms["loss"].detach()))
     return statistics.mean(losses[-10:])
 
 

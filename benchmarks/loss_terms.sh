@@ -6,8 +6,9 @@
 #   benchmarks/loss_terms.sh [--prewarm K] NAME...
 #
 # NAMEs: base (L1 + perceptual), gram, high_freq, consistency, flow, official (the cosmos_finetune recipe's terms:
-# perceptual + Gram + flow), all, gan, gan_every8 (the adaptive weight every 8 steps), dv_base, dv_gan, dv_gan_every8
-# (DV8x16x16).
+# perceptual + Gram + flow), all, gan, gan_every8 (the adaptive weight every 8 steps), anchor (the latent anchor: a
+# frozen base encoder's pass a step), l1, l1_anchor (the anchor's cost against L1 alone), dv_base, dv_gan,
+# dv_gan_every8 (DV8x16x16).
 # Every run: CV8x8x8 unless named dv_*, 33x256x256 clips, batch 8, compiled, channels-last, CUDA graphs,
 # random VGG16/RAFT weights. --prewarm K first runs every configuration for 3 steps, K at a
 # time, only to fill Inductor's cache, so that the timed runs, one after the other, spend less time compiling.
@@ -36,6 +37,9 @@ declare -A args=(
   [all]="--perceptual $gram $flow loss.high_freq.weight=0.1 $consistency"
   [gan]="--perceptual $gan"
   [gan_every8]="--perceptual $gan loss.gan.adaptive_every=8"
+  [anchor]="--perceptual loss.latent_anchor.weight=0.1"
+  [l1]=""
+  [l1_anchor]="loss.latent_anchor.weight=0.1"
   [dv_base]="--model DV8x16x16 --perceptual"
   [dv_gan]="--model DV8x16x16 --perceptual $gan"
   [dv_gan_every8]="--model DV8x16x16 --perceptual $gan loss.gan.adaptive_every=8"
