@@ -22,6 +22,7 @@ from torchmetrics.functional.image import peak_signal_noise_ratio
 from tests.conftest import reference_weights
 from tests.losses.test_perceptual import random_vgg16_state
 from tests.videos import encode_video, write_energon_dataset
+from tokenizer_posttrain.core.errors import EvaluationError
 from tokenizer_posttrain.data.energon import EnergonVideoDataModule
 from tokenizer_posttrain.data.task_encoder import ClipSpec
 from tokenizer_posttrain.evaluation.evaluate import evaluate
@@ -119,7 +120,8 @@ def test_results_against_the_same_model(runs: dict, dataset: Path) -> None:
     assert math.isfinite(model["psnr"]) and model["psnr"] == base["psnr"]
     assert results["per_clip"]["model"] == results["per_clip"]["baseline"]
     assert -1 <= model["ssim"] <= 1 and model["flicker"] >= 0
-    assert results["deltas"] == {"psnr": 0.0, "ssim": 0.0, "flicker": 0.0}
+    noised = {"0.05": 0.0, "0.1": 0.0, "0.2": 0.0}
+    assert results["deltas"] == {"psnr": 0.0, "ssim": 0.0, "flicker": 0.0, "psnr_noised": noised}
     assert results["comparison"] == {"latent_drift": 0.0} and results["per_clip"]["latent_drift"] == [0.0] * 3
     assert sum(results["error_histogram"]["model"]) == 3 * 3 * FRAMES * SIZE * SIZE
     assert sum(results["per_clip"]["model"]["psnr"]) / 3 == pytest.approx(model["psnr"])
@@ -133,11 +135,26 @@ def test_perturbed_model_drifts(runs: dict) -> None:
     assert results["deltas"]["psnr"] == pytest.approx(results["metrics"]["psnr"] - results["baseline_metrics"]["psnr"])
 
 
+def test_psnr_from_noised_latents_of_both_tokenizers_and_the_same_on_a_rerun(runs: dict) -> None:
+    results, folder = runs["cv_perturbed"]
+    model, base = results["metrics"]["psnr_noised"], results["baseline_metrics"]["psnr_noised"]
+    assert list(model) == list(base) == ["0.05", "0.1", "0.2"] and all(math.isfinite(v) for v in model.values())
+    assert results["deltas"]["psnr_noised"] == pytest.approx({k: model[k] - base[k] for k in model})
+    assert "latent + level x σ x Gaussian noise" in results["notes"]["psnr_noised"]
+    # The base is the baseline of both runs: another evaluation, the same noise from the same seeds, the same dB.
+    assert runs["cv_same"][0]["baseline_metrics"]["psnr_noised"] == base
+    report = (folder / "report.md").read_text()
+    assert f"| PSNR from latent + 0.1 σ noise (dB) ↑ | {base['0.1']:.2f} | {model['0.1']:.2f} |" in report
+
+
 def test_discrete_model_codebook_and_token_flips(runs: dict) -> None:
     same, _ = runs["dv_same"]
     for metrics in (same["metrics"], same["baseline_metrics"]):
         assert 0 < metrics["codebook_usage"] <= 1 and metrics["perplexity"] >= 1
     assert same["comparison"] == {"token_flip_rate": 0.0} and "latent_drift" not in same["per_clip"]
+    # World models hand a DV decoder token indices, never latents a little off: no noised PSNR, and the note says so.
+    assert "psnr_noised" not in same["metrics"] and "psnr_noised" not in same["baseline_metrics"]
+    assert "not measured: DV8x16x16 is discrete" in same["notes"]["psnr_noised"]
     flipped, _ = runs["dv_perturbed"]
     assert 0 < flipped["comparison"]["token_flip_rate"] <= 1
 
@@ -224,7 +241,8 @@ def test_several_clips_per_held_out_video_and_a_verdict_on_them(
     # Before: one clip per video, whatever --max-clips asked for.
     model = perturbed(CV, tmp_path / "cv.safetensors")
     monkeypatch.setenv("TOKENIZER_POSTTRAIN_PROGRESS_INTERVAL", "0")
-    results = evaluate(model, str(dataset), str(tmp_path / "out"), baseline=CV, frames=FRAMES, size=SIZE, max_clips=8)
+    options = {"frames": FRAMES, "size": SIZE, "noise_levels": []}  # no noised decodes: not this test's point
+    results = evaluate(model, str(dataset), str(tmp_path / "out"), baseline=CV, max_clips=8, **options)
     # Progress in a log (stdout is captured, no terminal): a plain line per clip at interval 0, no bar.
     out = capsys.readouterr().out
     assert "[evaluate] 0/8 clips | elapsed 0:00" in out and "[evaluate] 8/8 clips" in out and "\r" not in out
@@ -237,8 +255,8 @@ def test_several_clips_per_held_out_video_and_a_verdict_on_them(
     report = (tmp_path / "out" / "report.md").read_text()
     assert "8 clips of 3 videos" in report and "- verdict: **" in report and "on 8 held-out clips of 3 videos" in report
     # Limited per video: 3 videos x 2 clips.
-    two = evaluate(CV, str(dataset), str(tmp_path / "two"), frames=FRAMES, size=SIZE, clips_per_video=2)
-    assert two["n_clips"] == 6
+    two = evaluate(CV, str(dataset), str(tmp_path / "two"), clips_per_video=2, **options)
+    assert two["n_clips"] == 6 and "psnr_noised" not in two["metrics"] and "psnr_noised" not in two["notes"]
 
 
 @pytest.mark.parametrize(("wan", "channels"), [("Wan2.1-VAE", 16), ("Wan2.2-VAE", 48)], ids=["wan21", "wan22"])
@@ -260,6 +278,9 @@ def test_a_wan_vae_against_its_base_drift_on_the_posterior_mean_and_shift_from_t
     for key in ("psnr", "ssim", "flicker"):
         assert math.isfinite(results["metrics"][key]) and math.isfinite(results["baseline_metrics"][key])
     assert results["comparison"]["latent_drift"] > 0
+    levels = {"0.05", "0.1", "0.2"}
+    assert set(results["metrics"]["psnr_noised"]) == set(results["baseline_metrics"]["psnr_noised"]) == levels
+    assert "its family's hard-coded per-channel std" in results["notes"]["psnr_noised"]
     # Measured against the per-channel constants every Wan consumer hard-codes (16 for Wan2.1, 48 for Wan2.2): in
     # the results, the report and the card.
     shift = results["latent_stats_shift"]
@@ -268,3 +289,28 @@ def test_a_wan_vae_against_its_base_drift_on_the_posterior_mean_and_shift_from_t
     # The same model as its own baseline: no drift.
     same = evaluate(str(base), str(dataset), str(tmp_path / "same"), baseline=str(base), **options)
     assert same["comparison"]["latent_drift"] == 0 and "latent_stats_shift" not in same
+    # The same noise for both: the same model gives the same noised PSNR on both sides.
+    assert same["metrics"]["psnr_noised"] == same["baseline_metrics"]["psnr_noised"]
+
+
+def test_the_psnr_from_noised_latents_falls_with_the_noise_level(tmp_path: Path) -> None:
+    # The tiny models' random decoders barely depend on their latent, and reconstruct real clips so poorly (5-9 dB)
+    # that noise moves their PSNR either way by 0.001 dB. A clip the tiny Wan VAE reconstructs at ~21 dB (its own
+    # reconstruction of a synthetic clip): there noise costs dB, more at each level.
+    from tests.evaluation.wan_base import tiny_wan_pth
+    from tests.videos import frames_array
+    from tokenizer_posttrain.evaluation.media import to_frames
+
+    base = tiny_wan_pth(tmp_path / "base")
+    net = load_tokenizer(base).eval()
+    clip = torch.from_numpy(frames_array(9, 32, 32, seed=1)).permute(3, 0, 1, 2).float().div(127.5).sub(1)
+    with torch.no_grad():
+        frames = to_frames(net.decode(net.encoding(clip[None]).latent).clamp(-1, 1)[0]).numpy()
+    data = write_energon_dataset(tmp_path / "data", {"t": encode_video(9, 32, 32, images=frames)})
+    options = {"frames": 9, "size": 32, "max_clips": 1, "videos_per_side": 0, "noise_levels": [0.05, 0.1, 0.2]}
+    results = evaluate(str(base), str(data), str(tmp_path / "eval"), **options)
+    clean, noised = results["metrics"]["psnr"], results["metrics"]["psnr_noised"]
+    assert clean > 18 and clean - 0.5 > noised["0.05"] > noised["0.1"] > noised["0.2"], (clean, noised)
+    assert results["baseline_metrics"] is None and "psnr_noised" not in results["deltas"]
+    with pytest.raises(EvaluationError, match="noise levels must be positive and finite, got 0.1 0"):
+        evaluate(str(base), str(data), str(tmp_path / "bad"), **{**options, "noise_levels": [0.1, 0]})

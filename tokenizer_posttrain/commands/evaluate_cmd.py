@@ -3,8 +3,12 @@
 Clips are the middle frames and the centre crop of each video of an energon dataset (its val split, else its train
 split), then, while --max-clips wants more, random starts and crops drawn from fixed seeds (up to --clips-per-video
 per video), so the model and the baseline see the same pixels and reruns give the same numbers. With a baseline, the
-verdict is better, worse or inconclusive (fewer than 8 clips, or a change within the clips' spread).
+verdict is better, worse, inconclusive (fewer than 8 clips, or a change within the clips' spread) or drifted (the
+latent drift or token flip rate over --max-drift, PSNR not worse).
 Writes OUT/results.json, OUT/report.md, PSNR and error plots, and side-by-side mp4s of the best and worst clips.
+
+Exit codes: 0 done; 1 failed (one error: line); 2 a bad command line; 3 done, but worse than the baseline; 4 done,
+but drifted from the baseline (every file written in both cases).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
-from ..evaluation.evaluate import EVAL_CLIPS_PER_VIDEO
+from ..evaluation.evaluate import EVAL_CLIPS_PER_VIDEO, NOISE_LEVELS
 from ..evaluation.report import LATENT_DRIFT_LIMIT, MIN_VERDICT_CLIPS
 from .guard import run_guarded
 
@@ -24,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from ..evaluation.evaluate import evaluate
-    from ..evaluation.report import drift_warning, format_table, verdict
+    from ..evaluation.report import drift_warning, exit_code, format_table, verdict
 
     results = evaluate(
         checkpoint=args.checkpoint,
@@ -40,7 +44,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         videos_per_side=args.videos_per_side,
         vgg_weights=args.vgg_weights,
         clips_per_video=args.clips_per_video,
-        drift_limit=args.max_latent_drift,
+        drift_limit=args.max_drift,
+        noise_levels=args.noise_levels,
     )
     data = results["data"]
     clips, videos = results["n_clips"], results["n_videos"]
@@ -54,11 +59,12 @@ def _evaluate(args: argparse.Namespace) -> int:
             print(f"for a verdict: at least {MIN_VERDICT_CLIPS} clips (--max-clips; up to --clips-per-video per video)")
     drift = drift_warning(results)
     if drift:
-        print(f"warning: {drift} (--max-latent-drift sets the limit)")
+        print(f"warning: {drift} (--max-drift sets the limit)")
     if results["skipped"]:
         print(f"skipped {len(results['skipped'])} videos (listed in the report)")
     print(f"report: {args.out.rstrip('/')}/report.md")
-    return 0
+    # A finished evaluation whose model is worse or drifted: its own exit code, for scripts (the files are written).
+    return exit_code(judged)
 
 
 def _positive(text: str) -> int:
@@ -104,10 +110,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"clips at most from one video: the centred one, then random starts and crops ({EVAL_CLIPS_PER_VIDEO})",
     )
     parser.add_argument(
-        "--max-latent-drift",
+        "--max-drift",
+        "--max-latent-drift",  # its earlier name
+        dest="max_drift",
         type=float,
         default=LATENT_DRIFT_LIMIT,
-        help=f"flag a latent drift (CV) or token flip rate (DV) against the baseline above this ({LATENT_DRIFT_LIMIT})",
+        help="verdict drifted (exit code 4) when the latent drift (continuous models) or token flip rate (DV) "
+        f"against the baseline is above this ({LATENT_DRIFT_LIMIT}; --max-latent-drift is its earlier name)",
+    )
+    parser.add_argument(
+        "--noise-levels",
+        type=float,
+        nargs="*",
+        default=list(NOISE_LEVELS),
+        metavar="LEVEL",
+        help="continuous models: PSNR also of latents plus Gaussian noise of these levels x each channel's spread "
+        f"(default: {' '.join(f'{lv:g}' for lv in NOISE_LEVELS)}; none given: not measured)",
     )
     parser.add_argument("--videos-per-side", type=int, default=2, help="best and worst clips written as mp4 (2)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")

@@ -4,7 +4,8 @@ Its options are :func:`tokenizer_posttrain.workflow.posttrain.posttrain`'s param
 help of its docstring, so this command, the NeMo-Run recipe and Python callers share one set of defaults.
 
 Exit codes: 0 done; 1 failed (one ``error:`` line); 2 a bad command line; 3 done, but the post-trained tokenizer
-is worse than the base on the held-out clips (files kept; ``--allow-worse`` makes it 0).
+is worse than the base on the held-out clips (``--allow-worse`` makes it 0); 4 done, but its latents drifted from
+the base's past ``--max-drift`` (``--allow-drift`` makes it 0). Files are kept in every case.
 """
 
 from __future__ import annotations
@@ -30,4 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=__doc__.split("\n\n")[2].replace("``", ""),
     )
     add_function_arguments(parser, posttrain)
+    # The option's earlier name keeps working: the same destination, no default of its own (--max-drift's holds).
+    parser.add_argument(
+        "--max-latent-drift",
+        dest="max_drift",
+        type=float,
+        default=argparse.SUPPRESS,
+        metavar="MAX_DRIFT",
+        help="the earlier name of --max-drift",
+    )
     parser.set_defaults(func=run)

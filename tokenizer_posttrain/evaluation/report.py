@@ -12,10 +12,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from ..core.errors import WorseThanBaseError
 from ..io.model_card import COMPARISONS, METRICS
 from .latent_shift import CONSTANTS, shift_markdown
 from .media import labelled_panels, write_mp4
@@ -25,6 +26,9 @@ REPORT_MD = "report.md"
 PSNR_PNG = "psnr_per_clip.png"
 ERRORS_PNG = "error_histogram.png"
 VIDEO_DIR = "videos"
+NOISED = "psnr_noised"
+"""Key, in ``metrics`` and ``baseline_metrics`` (and ``deltas``), of the PSNR decoded from noised latents:
+``{"0.05": dB, ...}`` by noise level (:data:`.evaluate.NOISE_LEVELS`); absent for discrete models."""
 
 
 MIN_VERDICT_CLIPS = 8
@@ -33,18 +37,85 @@ SPREAD_SIGMAS = 2.0
 """A change counts when the mean per-clip PSNR change is more than this many standard errors of it from 0 (about
 95% of the means such clips would give lie within it)."""
 LATENT_DRIFT_LIMIT = 0.05
-"""Latent drift (CV) or token flip rate (DV) above which a world model trained on the base's latents is off: the
-sweep's default limit (``posttrain --max-latent-drift``), flagged in the report, the summary and the model card."""
+"""Latent drift (continuous models: relative L2 of the latent) or token flip rate (DV) above which the verdict is
+``drifted``: the default of ``posttrain --max-drift`` and ``evaluate --max-drift``, and the sweep's limit.
+
+Why 5%: a world model sees latents normalised per channel, ``(z - mean) / std``. For latents of about zero mean and
+channels of similar spread, a relative change of 0.05 of ``z`` moves each normalised value by about 0.05 of a
+standard deviation (root mean square): a signal-to-change ratio of 26 dB, the size of the smallest noise level of
+:data:`.evaluate.NOISE_LEVELS`, small against the noise a diffusion world model learns to remove, yet already a
+systematic shift it was not trained on. It is a conservative rule of thumb, not a threshold calibrated on a world
+model's loss: channel means far from 0 make the relative L2 understate the normalised change (the mean inflates
+``||z_base||``), a change concentrated in a channel of small spread counts for more than its share, and for DV
+5% is one token in twenty that an autoregressive model trained on the base's tokens would not have predicted."""
+EXIT_WORSE = WorseThanBaseError.exit_code
+"""Exit code of a command whose tokenizer is worse than its base (``posttrain``, ``evaluate --baseline``)."""
+EXIT_DRIFTED = 4
+"""Exit code of a command whose tokenizer's latents (DV: tokens) drifted from its base's past the limit: not 3
+(worse), so that a script can tell the two apart."""
+
+
+class Drift(NamedTuple):
+    """How far the latents (or tokens) moved from the baseline's, and the limit they are held to."""
+
+    what: str
+    """``latent drift`` (continuous models) or ``token flip rate`` (DV)."""
+    value: float
+    limit: float | None
+    """None: no limit (nothing counts as drifted)."""
+
+    @property
+    def over(self) -> bool:
+        """Above the limit. Strictly: a drift of exactly 0 (a decoder-only run leaves the latents as they were)
+        is never over, even a limit of 0. A NaN drift is (nothing says the latents are still valid)."""
+        return self.limit is not None and not self.value <= self.limit
+
+    @property
+    def value_text(self) -> str:
+        """The value with the digits that tell it from the limit (0.05004 against 0.05: not ``0.05``)."""
+        digits = 3
+        while digits < 8 and self.limit is not None and self.value != self.limit:
+            if float(f"{self.value:.{digits}g}") != self.limit:
+                break
+            digits += 1
+        return f"{self.value:.{digits}g}"
+
+    @property
+    def text(self) -> str:
+        """``latent drift 0.081 > 0.05`` (over the limit) or ``latent drift 0.012 <= 0.05``."""
+        if self.limit is None:
+            return f"{self.what} {self.value_text}"
+        return f"{self.what} {self.value_text} {'>' if self.over else '<='} {self.limit:g}"
+
+
+_DRIFTS = (("latent_drift", "latent drift"), ("token_flip_rate", "token flip rate"))
+
+
+def measured_drift(results: dict[str, Any]) -> Drift | None:
+    """The drift of an evaluation against a baseline (:func:`.evaluate.evaluate`), with its limit
+    (``results["drift_limit"]``; results of earlier releases without it: :data:`LATENT_DRIFT_LIMIT`); None when
+    not measured (no baseline, or latents of another kind or shape)."""
+    limit = results.get("drift_limit", LATENT_DRIFT_LIMIT)
+    comparison = results.get("comparison") or {}
+    for key, what in _DRIFTS:
+        value = comparison.get(key)
+        if value is not None:
+            return Drift(what, float(value), None if limit is None else float(limit))
+    return None
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """How a post-trained tokenizer compares with its base on the same held-out clips, by PSNR (dB).
+    """How a post-trained tokenizer compares with its base on the same held-out clips: by PSNR (dB), and by how
+    far its latents moved.
 
     ``before`` and ``after`` are the mean PSNRs; ``spread`` is the standard error of the mean per-clip change
-    (None with fewer than two clips); ``videos`` the held-out videos the clips came from (None: not known).
-    The change counts only with at least :data:`MIN_VERDICT_CLIPS` clips and when it is more than
-    :data:`SPREAD_SIGMAS` standard errors from 0; otherwise the verdict is ``inconclusive``, with the reason.
+    (None with fewer than two clips); ``videos`` the held-out videos the clips came from (None: not known);
+    ``drift`` the latent drift or token flip rate and its limit (None: not measured).
+    By PSNR, the change counts only with at least :data:`MIN_VERDICT_CLIPS` clips and when it is more than
+    :data:`SPREAD_SIGMAS` standard errors from 0; otherwise it is ``inconclusive``, with the reason. A drift over
+    its limit makes the verdict ``drifted`` unless PSNR says ``worse``: worse is the first thing to know, and a
+    better or inconclusive PSNR does not make up for latents a world model no longer reads as it learned them.
     """
 
     before: float
@@ -52,12 +123,15 @@ class Verdict:
     clips: int
     spread: float | None = None
     videos: int | None = None
+    drift: Drift | None = None
 
     @classmethod
-    def of(cls, before: Sequence[float], after: Sequence[float], videos: int | None = None) -> Verdict:
+    def of(
+        cls, before: Sequence[float], after: Sequence[float], videos: int | None = None, drift: Drift | None = None
+    ) -> Verdict:
         """The verdict of per-clip PSNRs of the base (``before``) and the post-trained model (``after``), clip by
-        clip the same clips. Clips where either PSNR is not finite (a perfect or a broken reconstruction) stay in
-        the means but not in the spread; a NaN mean makes the verdict ``worse``."""
+        clip the same clips, and of the ``drift`` between them. Clips where either PSNR is not finite (a perfect or
+        a broken reconstruction) stay in the means but not in the spread; a NaN mean makes the verdict ``worse``."""
         if len(before) != len(after) or not before:
             raise ValueError(f"a verdict needs the same clips on both sides, got {len(before)} and {len(after)}")
         changes = [a - b for b, a in zip(before, after, strict=True) if math.isfinite(a) and math.isfinite(b)]
@@ -66,7 +140,7 @@ class Verdict:
             mean = sum(changes) / len(changes)
             variance = sum((c - mean) ** 2 for c in changes) / (len(changes) - 1)
             spread = math.sqrt(variance / len(changes))
-        return cls(sum(before) / len(before), sum(after) / len(after), len(before), spread, videos)
+        return cls(sum(before) / len(before), sum(after) / len(after), len(before), spread, videos, drift)
 
     @property
     def change(self) -> float:
@@ -74,8 +148,8 @@ class Verdict:
         return self.after - self.before
 
     @property
-    def reason(self) -> str | None:
-        """Why the verdict is ``inconclusive`` (None when it is not)."""
+    def psnr_reason(self) -> str | None:
+        """Why the PSNR comparison is inconclusive (None when it is not)."""
         if math.isnan(self.after):
             return None  # a broken model is worse, however few the clips
         if math.isnan(self.before):
@@ -96,13 +170,35 @@ class Verdict:
         return None
 
     @property
-    def word(self) -> str:
-        """``better``, ``worse`` or ``inconclusive``."""
+    def psnr_word(self) -> str:
+        """The verdict by PSNR alone: ``better``, ``worse`` or ``inconclusive``."""
         if math.isnan(self.after):
             return "worse"
-        if self.reason is not None:
+        if self.psnr_reason is not None:
             return "inconclusive"
         return "better" if self.change > 0 else "worse"
+
+    @property
+    def over_drift(self) -> bool:
+        """The drift is over its limit, whatever the verdict's word."""
+        return self.drift is not None and self.drift.over
+
+    @property
+    def word(self) -> str:
+        """``worse`` (by PSNR, first), ``drifted`` (the drift over its limit), else ``better`` or
+        ``inconclusive``."""
+        if self.psnr_word == "worse":
+            return "worse"
+        return "drifted" if self.over_drift else self.psnr_word
+
+    @property
+    def reason(self) -> str | None:
+        """Why the verdict is ``inconclusive`` or ``drifted`` (None when it is ``better`` or ``worse``)."""
+        if self.word == "inconclusive":
+            return self.psnr_reason
+        if self.word == "drifted" and self.drift is not None:
+            return f"{self.drift.text}: the latents moved past the limit"
+        return None
 
     @property
     def worse(self) -> bool:
@@ -110,22 +206,46 @@ class Verdict:
         return self.word == "worse"
 
     @property
+    def drifted(self) -> bool:
+        """The verdict is ``drifted``: PSNR not worse, the drift over its limit."""
+        return self.word == "drifted"
+
+    @property
     def line(self) -> str:
         """One line for the terminal, the model card and the report, e.g. ``WORSE than the base: PSNR 16.34 ->
         15.92 dB (-0.420 ± 0.102 dB) on 12 held-out clips of 3 videos``; an inconclusive one ends with its
-        reason."""
+        reason; a drifted one leads with the drift, e.g. ``DRIFTED from the base: latent drift 0.081 > 0.05 (PSNR
+        30.10 -> 31.20 dB, +1.100 ± 0.102 dB on 12 held-out clips of 3 videos; better by PSNR alone)``."""
+        spread = f" ± {SPREAD_SIGMAS * self.spread:.3f}" if self.spread is not None else ""
+        of = f" of {self.videos} video{'s' if self.videos != 1 else ''}" if self.videos else ""
+        psnr = f"PSNR {self.before:.2f} -> {self.after:.2f} dB"
+        change = f"{self.change:+.3f}{spread} dB"
+        clips = f"on {self.clips} held-out clip{'s' if self.clips != 1 else ''}{of}"
+        if self.word == "drifted" and self.drift is not None:
+            alone = f"{self.psnr_word} by PSNR alone"
+            alone += f": {self.psnr_reason}" if self.psnr_word == "inconclusive" else ""
+            return f"DRIFTED from the base: {self.drift.text} ({psnr}, {change} {clips}; {alone})"
         label = {
             "worse": "WORSE than the base",
             "better": "better than the base",
             "inconclusive": "inconclusive against the base",
         }
-        spread = f" ± {SPREAD_SIGMAS * self.spread:.3f}" if self.spread is not None else ""
-        of = f" of {self.videos} video{'s' if self.videos != 1 else ''}" if self.videos else ""
-        line = (
-            f"{label[self.word]}: PSNR {self.before:.2f} -> {self.after:.2f} dB ({self.change:+.3f}{spread} dB) "
-            f"on {self.clips} held-out clip{'s' if self.clips != 1 else ''}{of}"
-        )
+        line = f"{label[self.word]}: {psnr} ({change}) {clips}"
         return f"{line}: {self.reason}" if self.word == "inconclusive" else line
+
+
+def exit_code(judged: Verdict | None, allow_worse: bool = False, allow_drift: bool = False) -> int:
+    """The exit code of a command whose evaluation against a baseline ran to its end: :data:`EXIT_WORSE` when
+    worse (unless ``allow_worse``), else :data:`EXIT_DRIFTED` when the drift is over its limit (unless
+    ``allow_drift``; a worse model let through with ``allow_worse`` is still held to the drift limit), else 0.
+    No verdict (no baseline): 0."""
+    if judged is None:
+        return 0
+    if judged.worse and not allow_worse:
+        return EXIT_WORSE
+    if judged.over_drift and not allow_drift:
+        return EXIT_DRIFTED
+    return 0
 
 
 def _clips(count: int) -> str:
@@ -134,7 +254,7 @@ def _clips(count: int) -> str:
 
 def verdict(results: dict[str, Any]) -> Verdict | None:
     """The verdict of an evaluation against a baseline (:func:`.evaluate.evaluate` with ``baseline``), from its
-    per-clip PSNRs; None without a baseline PSNR."""
+    per-clip PSNRs and its drift (:func:`measured_drift`); None without a baseline PSNR."""
     base = (results.get("baseline_metrics") or {}).get("psnr")
     after = (results.get("metrics") or {}).get("psnr")
     if base is None or after is None:
@@ -142,11 +262,11 @@ def verdict(results: dict[str, Any]) -> Verdict | None:
     per_clip = results.get("per_clip") or {}
     before_clips = (per_clip.get("baseline") or {}).get("psnr")
     after_clips = (per_clip.get("model") or {}).get("psnr")
-    videos = results.get("n_videos")
+    videos, drift = results.get("n_videos"), measured_drift(results)
     if before_clips and after_clips and len(before_clips) == len(after_clips):
         # results.json writes a non-finite PSNR as null: read it back as NaN.
-        return Verdict.of(_floats(before_clips), _floats(after_clips), videos)
-    return Verdict(float(base), float(after), int(results.get("n_clips") or 0), None, videos)
+        return Verdict.of(_floats(before_clips), _floats(after_clips), videos, drift)
+    return Verdict(float(base), float(after), int(results.get("n_clips") or 0), None, videos, drift)
 
 
 def _floats(values: list[float | None]) -> list[float]:
@@ -154,18 +274,16 @@ def _floats(values: list[float | None]) -> list[float]:
 
 
 def drift_warning(results: dict[str, Any]) -> str | None:
-    """One line when the latent drift (CV) or token flip rate (DV) against the baseline is above the limit
-    (``results["drift_limit"]``, default :data:`LATENT_DRIFT_LIMIT`); None when it is within it or not measured."""
-    limit = results.get("drift_limit", LATENT_DRIFT_LIMIT)
-    comparison = results.get("comparison") or {}
-    for key, what in (("latent_drift", "latent drift"), ("token_flip_rate", "token flip rate")):
-        value = comparison.get(key)
-        if value is not None and limit is not None and value > limit:
-            return (
-                f"{what} {value:.3f} is above the limit {limit:g}: a world model trained on the base's "
-                f"{'latents' if key == 'latent_drift' else 'tokens'} would need fine-tuning on the new ones"
-            )
-    return None
+    """One line when the latent drift (continuous models) or token flip rate (DV) against the baseline is over its
+    limit (:func:`measured_drift`), saying what it means for a world model; None when within it or not measured."""
+    drift = measured_drift(results)
+    if drift is None or not drift.over:
+        return None
+    latents = "latents" if drift.what == "latent drift" else "tokens"
+    return (
+        f"{drift.what} {drift.value_text} is above the limit {drift.limit:g}: a world model trained on the "
+        f"base's {latents} would need fine-tuning on the new ones"
+    )
 
 
 def safe_name(key: str) -> str:
@@ -191,10 +309,28 @@ def metric_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         base_text = _fmt(fmt, base.get(key)) if base else "-"
         change = results["deltas"].get(key)
         rows.append((label, base_text, _fmt(fmt, model[key]), _fmt(fmt, change, signed=True) if base else "-"))
+        if key == "psnr":  # beside the clean PSNR: what a world model's imperfect latents decode to
+            rows += _noised_rows(results, fmt)
     for key, label, fmt in COMPARISONS:
         if key in results["comparison"]:
             rows.append((label, "-", _fmt(fmt, results["comparison"][key]), "-"))
     return rows
+
+
+def _noised_rows(results: dict[str, Any], fmt: str) -> list[tuple[str, str, str, str]]:
+    """Rows of the PSNR from noised latents (continuous models: ``metrics["psnr_noised"]``), one per level."""
+    model, base = results["metrics"].get(NOISED) or {}, (results["baseline_metrics"] or {}).get(NOISED) or {}
+    changes = results["deltas"].get(NOISED) or {}
+    has_base = bool(results["baseline_metrics"])
+    return [
+        (
+            f"PSNR from latent + {level} σ noise (dB) ↑",
+            _fmt(fmt, base.get(level)) if has_base else "-",
+            _fmt(fmt, value),
+            _fmt(fmt, changes.get(level), signed=True) if has_base else "-",
+        )
+        for level, value in model.items()
+    ]
 
 
 def format_table(results: dict[str, Any]) -> str:

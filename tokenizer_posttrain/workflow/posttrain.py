@@ -35,11 +35,17 @@ from ..evaluation.latent_stats import (
 )
 from ..evaluation.latent_stats import stats_files as stats_files_of
 from ..evaluation.report import (
+    EXIT_DRIFTED,
+    EXIT_WORSE,
     LATENT_DRIFT_LIMIT,
     MIN_VERDICT_CLIPS,
+    NOISED,
     SPREAD_SIGMAS,
+    Verdict,
     card_sections,
     drift_warning,
+    exit_code,
+    measured_drift,
     verdict,
 )
 from ..io.checkpoint import MODEL_FLAG, load_tokenizer, read_weights, resolve_config
@@ -74,6 +80,14 @@ from ..training.run_config import (
 
 INTERRUPTED = 130
 """make-shards' exit status after Ctrl-C."""
+
+
+class DriftedFromBaseError(UserError):
+    """A post-training that ran to its end, but whose latents (DV: tokens) moved from the base's past the drift
+    limit: a world model trained on the base's would need fine-tuning on them. Its files are kept."""
+
+    exit_code = EXIT_DRIFTED
+    """Not 3 (worse): a script can tell latents that moved from reconstructions that got worse."""
 
 
 def gan_config(weight: float, start: int) -> GANConfig:
@@ -292,8 +306,9 @@ def posttrain(
     sweep: bool = False,
     sweep_steps: int = 50,
     sweep_lrs: Optional[list[float]] = None,
-    max_latent_drift: float = LATENT_DRIFT_LIMIT,
+    max_drift: float = LATENT_DRIFT_LIMIT,
     allow_worse: bool = False,
+    allow_drift: bool = False,
     stats_clips: Optional[int] = None,
     formats: Optional[list[str]] = None,
 ) -> dict:
@@ -302,9 +317,11 @@ def posttrain(
 
     The verdict compares the held-out PSNR clip by clip: "better" or "WORSE than the base" when the mean change
     is larger than the clips' own spread (2 standard errors) on at least 8 clips, else "inconclusive" with the
-    reason. When worse, the model card and ``summary.json`` record it and (unless ``allow_worse``) it raises
-    :class:`~tokenizer_posttrain.core.errors.WorseThanBaseError` after writing every file: the ``posttrain``
-    command then exits with code 3.
+    reason; "DRIFTED from the base" when the latent drift (DV: token flip rate) is above ``max_drift`` and PSNR is
+    not worse. The model card and ``summary.json`` record it, and after writing every file it raises (see
+    :func:`check_verdict`) :class:`~tokenizer_posttrain.core.errors.WorseThanBaseError` when worse (unless
+    ``allow_worse``; exit code 3) or :class:`DriftedFromBaseError` when the drift is over the limit (unless
+    ``allow_drift``; exit code 4).
 
     Args:
         base: base checkpoint (a folder with autoencoder.jit, or encoder.jit + decoder.jit, or a file), e.g. the
@@ -334,10 +351,14 @@ def posttrain(
         sweep: first try lr x (all, decoder, LoRA) for sweep_steps each and keep the best
         sweep_steps: optimizer steps of each sweep run
         sweep_lrs: learning rates the sweep tries (default: lr/3, lr, 3 lr)
-        max_latent_drift: latent drift (CV) or token flip rate (DV) above which the summary, the report and the
-            model card flag the result; the sweep keeps only configurations under it
+        max_drift: held-out latent drift (relative L2 of the latent; DV: token flip rate) above which the verdict
+            is drifted (exit code 4; --max-latent-drift is its earlier name); the sweep keeps only configurations
+            within it. The default 0.05 is a conservative rule of thumb: about 5 percent of a channel's spread in the
+            normalised latents a world model reads (docs/export.md)
         allow_worse: finish with exit code 0 even when the post-trained tokenizer is worse than the base on
             the held-out clips (otherwise exit code 3, its files kept)
+        allow_drift: finish with exit code 0 even when the latents drifted past --max-drift (otherwise exit
+            code 4, its files kept)
         stats_clips: training clips encoded for the latent statistics of a continuous tokenizer (Cosmos:
             mean_std.pt and image_mean_std.pt in the export; the Wan2.1 VAE: Cosmos-Predict2.5's video_mean_std.pt
             and images_mean_std.pt, and their per-channel shift from the hard-coded constants in the report, the
@@ -386,10 +407,11 @@ def posttrain(
     # What every training run of this workflow shares (the sweep's too): the clip, and the settings below.
     common = {**clip, "batch_size": batch_size, "num_workers": num_workers, "accelerator": accelerator}
     common.update(perceptual=perceptual, gan_weight=gan_weight, gan_start=gan_start)
-    judging = dict(max_clips=eval_clips, drift_limit=max_latent_drift, **clip)
+    judging = dict(max_clips=eval_clips, drift_limit=max_drift, **clip)
     print(f"[1/4] baseline evaluation of {base}", flush=True)
     clock = time.monotonic()
-    before = evaluate(base, str(data_path), str(run_dir / "eval_baseline"), **judging)
+    # Without the noised decodes: the evaluation against the baseline measures the base's again, beside the model's.
+    before = evaluate(base, str(data_path), str(run_dir / "eval_baseline"), noise_levels=[], **judging)
     timings["baseline_eval"] = time.monotonic() - clock
     held_out = f"{_count(before['n_clips'], 'held-out clip')} of {_count(before['n_videos'], 'video')}"
     print(f"base: PSNR {before['metrics']['psnr']:.2f} dB on {held_out}", flush=True)
@@ -403,7 +425,7 @@ def posttrain(
             run_dir,
             sweep_steps,
             sweep_lrs or [lr / 3, lr, lr * 3],
-            max_latent_drift,
+            max_drift,
             eval_clips,
             clip,
             common,
@@ -471,8 +493,11 @@ def posttrain(
         "held_out_clips": after["n_clips"],
         "held_out_videos": after["n_videos"],
         "latent_drift": comparison.get("latent_drift", comparison.get("token_flip_rate")),
-        "drift_limit": max_latent_drift,
+        "drift_limit": max_drift,
         "drift_warning": drift,
+        # PSNR decoded from noised latents, {"0.05": dB, ...} by noise level (continuous models; else None).
+        "psnr_noised_before": after["baseline_metrics"].get(NOISED),
+        "psnr_noised_after": after["metrics"].get(NOISED),
         "base": str(Path(base).resolve()),
         "model": config.name,
         "channels": config.channels,
@@ -492,24 +517,49 @@ def posttrain(
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = [
         f"PSNR on held-out clips: {summary['psnr_before']:.2f} dB -> {summary['psnr_after']:.2f} dB",
+        *_noised_line(summary["psnr_noised_before"], summary["psnr_noised_after"]),
         f"post-trained tokenizer: {judged.line}",
     ]
     if judged.word == "inconclusive":
         lines.append(f"for a verdict: {_verdict_hint(judged.clips)}")
     if drift:
-        lines.append(
-            f"warning: {drift} (the limit is --max-latent-drift; --trainable decoder keeps the latents as they are)"
-        )
+        lines.append(f"warning: {drift} (the limit is --max-drift; --trainable decoder keeps the latents as they are)")
     minutes = ", ".join(f"{name} {seconds / 60:.1f}" for name, seconds in timings.items())
     lines += [f"time (min): {minutes}", f"export: {export_dir}", f"report: {summary['report']}"]
     print("\n".join(lines), flush=True)
-    if judged.worse and not allow_worse:
+    check_verdict(judged, run_dir, allow_worse, allow_drift)
+    return summary
+
+
+def _noised_line(before: dict | None, after: dict | None) -> list[str]:
+    """The terminal's line of the PSNR from noised latents, base -> post-trained by level; none when not measured."""
+    if not after:
+        return []
+    levels = ", ".join(
+        f"{level}: {'-' if (before or {}).get(level) is None else f'{before[level]:.2f}'} -> {value:.2f} dB"
+        for level, value in after.items()
+    )
+    return [f"PSNR from noised latents (latent + level x channel std x noise): {levels}"]
+
+
+def check_verdict(judged: Verdict, run_dir: Path, allow_worse: bool = False, allow_drift: bool = False) -> None:
+    """Raise what the verdict ends the workflow with (every file written before): :class:`WorseThanBaseError`
+    (exit code 3) when worse unless ``allow_worse``, else :class:`DriftedFromBaseError` (exit code 4) when the
+    drift is over its limit unless ``allow_drift`` (:func:`~..evaluation.report.exit_code` decides)."""
+    code = exit_code(judged, allow_worse, allow_drift)
+    if code == EXIT_WORSE:
         raise WorseThanBaseError(
             f"the post-trained tokenizer is WORSE than the base: held-out PSNR {judged.before:.2f} -> "
             f"{judged.after:.2f} dB (export, report and summary kept in {run_dir}); try a lower --lr, more --steps "
             "or --sweep, or pass --allow-worse to accept it"
         )
-    return summary
+    if code == EXIT_DRIFTED and judged.drift is not None:
+        raise DriftedFromBaseError(
+            f"the post-trained tokenizer DRIFTED from the base: held-out {judged.drift.text} (PSNR "
+            f"{judged.before:.2f} -> {judged.after:.2f} dB; export, report and summary kept in {run_dir}); a world "
+            "model trained on the base's latents would need fine-tuning on them: try --trainable decoder (latents "
+            "unchanged), a lower --lr, fewer --steps or --sweep; a larger --max-drift or --allow-drift accepts it"
+        )
 
 
 def _count(number: int, noun: str) -> str:
@@ -627,13 +677,14 @@ def run_sweep(
     run_dir: Path,
     steps: int,
     lrs: list[float],
-    max_latent_drift: float,
+    max_drift: float,
     eval_clips: int,
     clip: dict,
     common: dict,
 ) -> dict:
     """Short runs over learning rate x (all, decoder, LoRA) as one NeMo-Run experiment; the best by
-    held-out PSNR among those whose latent drift stays under ``max_latent_drift`` wins."""
+    held-out PSNR among those whose latent drift (DV: token flip rate) is within ``max_drift`` wins (the verdict's
+    test, :attr:`~..evaluation.report.Drift.over`; a run whose drift was not measured counts as within)."""
     import nemo_run as run
 
     from ..evaluation.evaluate import evaluate
@@ -675,16 +726,14 @@ def run_sweep(
             str(run_dir / "sweep" / name / "eval"),
             baseline=base,
             max_clips=eval_clips,
-            drift_limit=max_latent_drift,
+            drift_limit=max_drift,
+            noise_levels=[],  # the choice reads PSNR and drift only
             **clip,
         )
-        drift = (
-            (result.get("comparison") or {}).get("latent_drift")
-            or (result.get("comparison") or {}).get("token_flip_rate")
-            or 0.0
-        )
-        print(f"sweep {name} {choice}: psnr {result['metrics']['psnr']:.2f} dB, drift {drift:.4f}", flush=True)
-        scored.append((drift <= max_latent_drift, result["metrics"]["psnr"], choice))
+        drift = measured_drift(result)
+        value = 0.0 if drift is None else drift.value
+        print(f"sweep {name} {choice}: psnr {result['metrics']['psnr']:.2f} dB, drift {value:.4f}", flush=True)
+        scored.append((drift is None or not drift.over, result["metrics"]["psnr"], choice))
     if not scored:
         raise UserError(f"every sweep run failed; see the logs under {run_dir / 'sweep'}")
     best = max(scored, key=lambda item: (item[0], item[1]))
