@@ -66,6 +66,9 @@ class TokenizerModel(pl.LightningModule):
             self.adversarial.accelerate_step(self.acceleration, self._reconstruct_with_head_input, self._loss_call)
         self.step_forward = self.acceleration.wrap_step(self._step_forward)
         self.guard = StepGuard(max_bad_steps, gradient_clip_val)
+        # model.latent_noise's level at this step, set before the compiled step runs, which reads it as a constant:
+        # a schedule's few values compile a few times, where the step counter itself would recompile every step.
+        self.latent_noise_level = self.model_config.latent_noise.weight_at(0)
 
     @property
     def loss(self) -> Loss:
@@ -87,7 +90,7 @@ class TokenizerModel(pl.LightningModule):
         if not self.training:
             return encoding.latent
         latent = encoding.sample() if self.model_config.sample_posterior else encoding.latent
-        level = self.model_config.latent_noise.weight_at(self.global_step)
+        level = self.latent_noise_level
         if level:
             scale = channel_scale(self.network.config, encoding.latent.detach())
             latent = latent + (level * scale).to(latent.dtype) * torch.randn_like(latent)
@@ -123,6 +126,7 @@ class TokenizerModel(pl.LightningModule):
         video, mask = self._input(batch)
         # Terms are built and moved outside the compiled step; a term at weight 0 now is not computed.
         weights = self.loss.prepare(self.global_step, video.device)
+        self.latent_noise_level = self.model_config.latent_noise.weight_at(self.global_step)
         self.acceleration.begin_micro_batch()
         stage = self.adversarial
         if stage is not None and stage.splits(self, weights):
