@@ -36,5 +36,13 @@ class WorseThanBaseError(UserError):
     job ran and its result is worse."""
 
 
+class DriftedFromBaseError(UserError):
+    """A post-training that ran to its end, but whose latents (DV: tokens) moved from the base's past the drift
+    limit: a world model trained on the base's would need fine-tuning on them. Its files are kept."""
+
+    exit_code = 4
+    """Not 3 (worse): a script can tell latents that moved from reconstructions that got worse."""
+
+
 class ExportError(UserError):
     """A network that must not be written as a tokenizer (e.g. weights that are NaN or infinite)."""

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..core.errors import WorseThanBaseError
+from ..core.errors import DriftedFromBaseError, WorseThanBaseError
 from ..io.model_card import COMPARISONS, METRICS
 from .latent_shift import CONSTANTS, shift_markdown
 from .media import labelled_panels, write_mp4
@@ -50,7 +50,7 @@ model's loss: channel means far from 0 make the relative L2 understate the norma
 5% is one token in twenty that an autoregressive model trained on the base's tokens would not have predicted."""
 EXIT_WORSE = WorseThanBaseError.exit_code
 """Exit code of a command whose tokenizer is worse than its base (``posttrain``, ``evaluate --baseline``)."""
-EXIT_DRIFTED = 4
+EXIT_DRIFTED = DriftedFromBaseError.exit_code
 """Exit code of a command whose tokenizer's latents (DV: tokens) drifted from its base's past the limit: not 3
 (worse), so that a script can tell the two apart."""
 

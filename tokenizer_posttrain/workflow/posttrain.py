@@ -18,7 +18,7 @@ from typing import Literal, Optional
 
 import torch
 
-from ..core.errors import CheckpointError, DataError, UserError, WorseThanBaseError
+from ..core.errors import CheckpointError, DataError, DriftedFromBaseError, UserError, WorseThanBaseError
 from ..data.batch import CLIP_FRAMES, CLIP_SIZE
 from ..data.layout import dataset_splits
 from ..evaluation.evaluate import EVAL_CLIPS_PER_VIDEO
@@ -80,14 +80,6 @@ from ..training.run_config import (
 
 INTERRUPTED = 130
 """make-shards' exit status after Ctrl-C."""
-
-
-class DriftedFromBaseError(UserError):
-    """A post-training that ran to its end, but whose latents (DV: tokens) moved from the base's past the drift
-    limit: a world model trained on the base's would need fine-tuning on them. Its files are kept."""
-
-    exit_code = EXIT_DRIFTED
-    """Not 3 (worse): a script can tell latents that moved from reconstructions that got worse."""
 
 
 def gan_config(weight: float, start: int) -> GANConfig:
