@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from tokenizer_posttrain.training.memory import LiveStorages, step_activation_bytes
@@ -22,8 +21,10 @@ def test_storages_count_while_they_live() -> None:
     assert counter.live == 0
 
 
-@pytest.mark.parametrize("model", ["Wan2.1-VAE", "Wan2.2-VAE"])
-def test_recomputed_blocks_and_chunks_of_time_each_lower_the_peak(model: str) -> None:
+def test_recomputed_blocks_and_chunks_of_time_each_lower_the_peak() -> None:
+    # Wan2.1 alone: the chunks are the same code in Wan2.2 (its outputs and gradients in chunks: test_chunks.py),
+    # and each estimate walks every operation of the step on fake tensors (seconds, whatever the clip's size).
+    model = "Wan2.1-VAE"
     clip = (33, 64, 64)
 
     def peak(**switches: object) -> int:

@@ -229,6 +229,7 @@ def test_sweep_picks_a_configuration_within_the_drift_limit(
         sweep_steps=2,
         sweep_lrs="1e-3",
         max_drift="0.001",
+        latent_anchor="0.1",  # the decoder-only variant has no encoder to hold: it trains without the anchor
         stats_clips=1,
         env={"NEMORUN_HOME": str(tmp_path / "nemo_run")},
     )
@@ -352,7 +353,7 @@ def test_a_model_name_of_another_width_says_to_leave_out_model(tmp_path: Path) -
     assert not (tmp_path / "run" / "data").exists()  # refused before making shards
 
 
-def test_the_gan_stage_reaches_the_training_run_and_bad_settings_stop_before_any_work(
+def test_the_gan_stage_and_the_anchor_reach_the_training_run_and_bad_settings_stop_before_any_work(
     tmp_path: Path, base_with_stats: tuple
 ) -> None:
     base, videos, data = base_with_stats
@@ -362,11 +363,16 @@ def test_the_gan_stage_reaches_the_training_run_and_bad_settings_stop_before_any
     # The small prepared dataset (no shards to make) and 9x32x32 clips: only the GAN's way through matters here.
     options = {"steps": 4, "frames": 9, "size": 32, "batch_size": 1, "num_workers": 0, "eval_clips": 1}
     options.update(allow_worse="", allow_drift="", stats_clips=1)  # whatever the four steps did: not this test's point
-    result = posttrain_here(base, data, tmp_path / "run", gan_weight="0.1", **options)
+    # The latent anchor rides along: it reaches the training run too (its own option, --latent-anchor).
+    result = posttrain_here(base, data, tmp_path / "run", gan_weight="0.1", latent_anchor="0.1", **options)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = [r for r in read_metrics(tmp_path / "run" / "train") if r.get("train/loss")]
     # --gan-start defaults to half the steps: the discriminator trains from step 2.
     assert [bool(r.get("train/gan_d")) for r in rows] == [False, False, True, True]
+    assert all(r.get("train/latent_anchor") is not None for r in rows)
+    bad = posttrain_here(base, videos, tmp_path / "bad_anchor", latent_anchor="-1", steps=4)
+    assert bad.returncode == 1 and "--latent-anchor: loss.latent_anchor.weight=-1.0 must be" in bad.stderr
+    assert not (tmp_path / "bad_anchor").exists()
 
 
 def test_the_verdict_ends_the_workflow_with_exit_code_3_when_worse_and_4_when_drifted(tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ from ..io.formats import (
     write_native,
 )
 from ..io.model_card import checkpoint_card
+from ..losses.anchor import LatentAnchorConfig
 from ..losses.gan import GANConfig
 from ..losses.kl import VAE_KL_WEIGHT, KLConfig
 from ..losses.perceptual import find_vgg16_weights
@@ -166,6 +167,7 @@ FLAGS = {
     "loss.gan.weight": "--gan-weight",
     "loss.gan.disc_start": "--gan-start",
     "loss.gan.gen_start": "--gan-start",
+    "loss.latent_anchor.weight": "--latent-anchor",
 }
 """The training settings posttrain sets from its own options: messages of the training run name the option."""
 _OTHER_RUN = (
@@ -205,6 +207,7 @@ def _train_variant(
     perceptual: float,
     gan_weight: float = 0.0,
     gan_start: int = 0,
+    latent_anchor: float = 0.0,
 ) -> Path:
     """Train one configuration into ``run_dir/name`` and export its last checkpoint to ``run_dir/name/export``
     (without latent statistics: posttrain measures them with its own options); returns the export folder. A run
@@ -232,7 +235,9 @@ def _train_variant(
         resize_short_side=resize_short_side,
     )
     kl = {"kl": KLConfig(weight=VAE_KL_WEIGHT)} if vae else {}
-    loss = loss_config(instance, perceptual_weight=perceptual, gan=gan_config(gan_weight, gan_start), **kl)
+    # The anchor holds a training encoder: a decoder-only variant (the sweep's) has none to hold.
+    anchor = {"latent_anchor": LatentAnchorConfig(weight=latent_anchor)} if trainable != "decoder" else {}
+    loss = loss_config(instance, perceptual_weight=perceptual, gan=gan_config(gan_weight, gan_start), **kl, **anchor)
     ckpt_dir = Path(run_dir) / name / "checkpoints"
     try:
         done = find_resume_checkpoint(ckpt_dir, ResumeConfig())
@@ -293,6 +298,7 @@ def posttrain(
     perceptual_weight: Optional[float] = None,
     gan_weight: float = 0.0,
     gan_start: Optional[int] = None,
+    latent_anchor: float = 0.0,
     val_fraction: float = 0.1,
     eval_clips: int = 32,
     sweep: bool = False,
@@ -337,6 +343,8 @@ def posttrain(
             README "Adversarial fine-tuning"); 0: off
         gan_start: optimizer step from which the discriminator and the generator term train (default: half the
             steps, so that the reconstruction terms settle first)
+        latent_anchor: weight of loss.latent_anchor, which holds the training encoder's output near the base's (README
+            "Keeping a world model's latents valid"); 0: off; not applied where only the decoder trains
         val_fraction: held-out share of the videos when making shards
         eval_clips: held-out clips to evaluate, before and after: up to 8 per held-out video (the first centred,
             the others at random starts and crops of fixed seeds); a verdict needs at least 8
@@ -372,6 +380,9 @@ def posttrain(
         OptimConfig(lr=rate)
     gan_start = steps // 2 if gan_start is None else gan_start
     gan_config(gan_weight, gan_start)  # bad GAN settings fail now, before any work
+    anchor_problems = LatentAnchorConfig(weight=latent_anchor).problems("--latent-anchor: loss.latent_anchor")
+    if anchor_problems:
+        raise UserError("; ".join(anchor_problems))
     unknown = sorted(unknown_formats(formats or []))
     if unknown:
         raise UserError(f"--formats {' '.join(formats)}: unknown format {unknown[0]!r}; use {format_choices()}")
@@ -398,7 +409,7 @@ def posttrain(
     perceptual = perceptual_weight_or_default(perceptual_weight)
     # What every training run of this workflow shares (the sweep's too): the clip, and the settings below.
     common = {**clip, "batch_size": batch_size, "num_workers": num_workers, "accelerator": accelerator}
-    common.update(perceptual=perceptual, gan_weight=gan_weight, gan_start=gan_start)
+    common.update(perceptual=perceptual, gan_weight=gan_weight, gan_start=gan_start, latent_anchor=latent_anchor)
     judging = dict(max_clips=eval_clips, drift_limit=max_drift, **clip)
     print(f"[1/4] baseline evaluation of {base}", flush=True)
     clock = time.monotonic()

@@ -86,11 +86,11 @@ def test_the_wan21_reader_leaves_a_wan22_file_alone(tmp_path: Path) -> None:
 
 
 def test_a_file_is_built_at_every_size_its_shapes_give(tmp_path: Path) -> None:
-    # A decoder at the release's width under a narrower encoder: the width alone would scale the decoder (to 12).
-    state = build_tokenizer("Wan2.2-VAE", channels=8, dec_channels=256, z_dim=8).state_dict()
+    # A decoder wider than the encoder's width gives it (8 scales the decoder to 12 as the release's 160 to 256).
+    state = build_tokenizer("Wan2.2-VAE", channels=8, dec_channels=32, z_dim=8).state_dict()
     torch.save(state, tmp_path / "wide_decoder.pth")
     config = load_tokenizer(tmp_path / "wide_decoder.pth").config
-    assert (config.channels, config.dec_channels, config.z_dim) == (8, 256, 8)
+    assert (config.channels, config.dec_channels, config.z_dim) == (8, 32, 8)
     # A state dict that no family's reader claims still gets the closest model and what it lacks, by name.
     del state["decoder.conv1.weight"]
     torch.save(state, tmp_path / "broken.pth")
