@@ -58,7 +58,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         if judged.word == "inconclusive" and judged.clips < MIN_VERDICT_CLIPS:
             print(f"for a verdict: at least {MIN_VERDICT_CLIPS} clips (--max-clips; up to --clips-per-video per video)")
     drift = drift_warning(results)
-    if drift:
+    if drift and (judged is None or judged.word != "drifted"):  # a drifted verdict says it already
         print(f"warning: {drift} (--max-drift sets the limit)")
     if results["skipped"]:
         print(f"skipped {len(results['skipped'])} videos (listed in the report)")

@@ -525,7 +525,7 @@ def posttrain(
     ]
     if judged.word == "inconclusive":
         lines.append(f"for a verdict: {_verdict_hint(judged.clips)}")
-    if drift:
+    if drift and judged.word != "drifted":  # a drifted verdict says it already
         lines.append(f"warning: {drift} (the limit is --max-drift; --trainable decoder keeps the latents as they are)")
     minutes = ", ".join(f"{name} {seconds / 60:.1f}" for name, seconds in timings.items())
     lines += [f"time (min): {minutes}", f"export: {export_dir}", f"report: {summary['report']}"]
@@ -561,7 +561,8 @@ def check_verdict(judged: Verdict, run_dir: Path, allow_worse: bool = False, all
             f"the post-trained tokenizer DRIFTED from the base: held-out {judged.drift.text} (PSNR "
             f"{judged.before:.2f} -> {judged.after:.2f} dB; export, report and summary kept in {run_dir}); a world "
             "model trained on the base's latents would need fine-tuning on them: try --trainable decoder (latents "
-            "unchanged), a lower --lr, fewer --steps or --sweep; a larger --max-drift or --allow-drift accepts it"
+            "unchanged), --latent-anchor 1 (the encoder held near the base's), a lower --lr, fewer --steps or "
+            "--sweep; a larger --max-drift or --allow-drift accepts it"
         )
 
 
