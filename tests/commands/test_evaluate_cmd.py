@@ -120,7 +120,8 @@ def test_a_drifted_model_exits_4_with_every_file_written(
     results = read_results(tmp_path / "eval")
     assert results["drift_limit"] == 0.01 and "psnr_noised" not in results["metrics"]  # --noise-levels: none
     assert "post-trained tokenizer: DRIFTED from the base: latent drift 0.1" in printed
-    assert "inconclusive by PSNR alone: only 1 clip" in printed and "(--max-drift sets the limit)" in printed
+    assert "inconclusive by PSNR alone: only 1 clip" in printed
+    assert "warning: " not in printed  # the drifted verdict says it: no second line of the same
     assert "- verdict: **DRIFTED from the base" in (tmp_path / "eval" / "report.md").read_text()
 
 
