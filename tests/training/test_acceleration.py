@@ -157,6 +157,10 @@ def test_time_chunks_are_refused_where_the_network_cannot_chunk() -> None:
     check_clip_shape(ModelConfig(model="Wan2.1-VAE", time_chunk=2), data)
     with pytest.raises(ValueError, match=r"model.time_chunk.*use 0 \(the whole clip\)"):
         ModelConfig(model="Wan2.1-VAE", time_chunk=-1)
+    # A step compiled whole cannot carry the chunks' state (it would graph-break and run uncompiled): per block.
+    with pytest.raises(ValueError, match=r"model.compile_scope='step'.*with model.time_chunk=2, set .*=blocks"):
+        ModelConfig(model="Wan2.1-VAE", time_chunk=2, compile=True)
+    ModelConfig(model="Wan2.1-VAE", time_chunk=2, compile=True, compile_scope="blocks")
 
 
 def test_compiled_function_matches_eager_and_keeps_keys() -> None:

@@ -216,11 +216,9 @@ def eager_compile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_the_speed_switches_keep_the_wan_step_s_loss_and_gradients(base_pth: Path, scope: str) -> None:
     loss = LossConfig(perceptual_weight=0.0, kl=KLConfig(weight=1e-3))  # the posterior reaches the compiled loss
     plain = TokenizerModel(ModelConfig(**wan(jit_ckpt_pth=str(base_pth), sample_posterior=True)), loss=loss)
-    # With the step compiled whole, in chunks of one latent frame: the clip's two run apart, each recomputed, blocks
-    # checkpointed inside them. (Blocks compiled apart in chunks compile ~8 times the graphs, 20 s here: the GPU
-    # test of tests/training/test_acceleration.py runs that case.)
+    # (Chunks of time compile per block only, ~8 times the graphs, 20 s here: the GPU test of
+    # tests/training/test_acceleration.py runs that case; their eager results, tests/network/wan21/test_chunks.py.)
     switches = {"compile": True, "compile_scope": scope, "channels_last": True, "activation_checkpointing": True}
-    switches["time_chunk"] = 1 if scope == "step" else 0
     fast = TokenizerModel(ModelConfig(**wan(jit_ckpt_pth=str(base_pth), sample_posterior=True, **switches)), loss=loss)
     assert list(fast.state_dict()) == list(plain.state_dict())
     copy.deepcopy(fast)  # the EMA callback copies the module

@@ -325,13 +325,18 @@ def family_of(config: NetworkConfig) -> TokenizerFamily:
 def channel_scale(config: NetworkConfig, latent: Tensor) -> Tensor:
     """The spread of each latent channel that a world model sees, ``[1, C, 1, 1, 1]``: the std its family's
     consumers normalise with (:attr:`TokenizerFamily.latent_constants`: the Wan VAEs), else each channel's std
-    over ``latent`` itself (computed without gradients; Cosmos' per-frame statistics are of the same order).
+    over ``latent`` itself (computed without gradients, at least a tenth of the channels' mean and 1e-3; Cosmos'
+    per-frame statistics are of the same order).
     Latent noise and the latent anchor are measured in it, so a number means the same in every family."""
     constants = family_of(config).latent_constants
     if constants is not None:
         return torch.tensor(constants[1], device=latent.device, dtype=torch.float32).view(1, -1, 1, 1, 1)
     with torch.no_grad():
-        return latent.float().transpose(0, 1).flatten(1).std(dim=1).clamp_min(1e-6).view(1, -1, 1, 1, 1)
+        std = latent.float().transpose(0, 1).flatten(1).std(dim=1)
+        # A flat batch (black frames, a fade) has channels of almost no spread: a floor keeps what is divided by
+        # it, or scaled with it, in proportion to the other channels.
+        floor = (0.1 * std.mean()).clamp_min(1e-3)
+        return torch.maximum(std, floor).view(1, -1, 1, 1, 1)
 
 
 def build_network(config: NetworkConfig) -> VideoTokenizer:

@@ -163,6 +163,13 @@ class ModelConfig:
             value = getattr(self, key)
             _require(isinstance(value, bool), f"model.{key}", value, "use true or false")
         _require(self.compile_scope in _COMPILE_SCOPES, "model.compile_scope", self.compile_scope, "use step or blocks")
+        _require(
+            not (self.time_chunk and self.compile and self.compile_scope == "step"),
+            "model.compile_scope",
+            self.compile_scope,
+            f"with model.time_chunk={self.time_chunk}, set model.compile_scope=blocks (a step compiled whole cannot "
+            "carry the chunks' causal state, and would run uncompiled)",
+        )
         noise_problems = self.latent_noise.problems("model.latent_noise")
         if noise_problems:
             raise ValueError("invalid model settings: " + "; ".join(noise_problems))

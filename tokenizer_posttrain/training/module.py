@@ -116,7 +116,9 @@ class TokenizerModel(pl.LightningModule):
         """Forward of network and loss: the part ``model.compile`` compiles (as one graph, or in pieces)."""
         extras = self.loss.extra_passes(video, weights, self._extra_pass)  # none unless a term asks
         encoding = self._encoding(video)
-        reconstruction, _ = self.network.decode_with_head_input(self._decoded(encoding))
+        # Not decode_with_head_input: in chunks of time it keeps the whole head input, which only the GAN's split
+        # step (its own path) reads.
+        reconstruction = self.network.decode(self._decoded(encoding))
         terms = self._loss_call(_context(reconstruction, video, mask, encoding, extras), weights)
         if self.adversarial is not None:  # the discriminator needs it, outside the compiled step
             terms = {**terms, RECONSTRUCTION: reconstruction}

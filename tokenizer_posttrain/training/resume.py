@@ -155,7 +155,7 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
 
 # What defines a run: changing one of these on resume trains something else than the checkpoint's run.
 # Speed switches (compile, CUDA graphs, ...), batch layout, logging and max_steps may change.
-_MODEL_KEYS = ("model", "jit_ckpt_pth", "channels", "trainable", "lora", "ema_decay")
+_MODEL_KEYS = ("model", "jit_ckpt_pth", "channels", "trainable", "lora", "ema_decay", "latent_noise")
 # crops_per_decode too: the loader's saved position counts decodes (micro_batch_size / crops_per_decode a batch).
 _DATA_KEYS = ("path", "frames", "height", "width", "resize_short_side", "aspect_buckets", "hflip", "crops_per_decode")
 # Of the loss: where files are, memory chunking, old names, and how often loss.gan recomputes its adaptive weight.

@@ -52,6 +52,27 @@ def test_chunks_give_the_whole_clip_s_outputs_and_gradients(name: str, recompute
             assert relative(ours, reference) < 1e-12, (time_chunk, what)
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_channels_last_clip_stays_channels_last_in_chunks(name: str) -> None:
+    network = build_tokenizer(name, channels=8)
+    configure_network(network, channels_last=True, time_chunk=1)
+    layouts: list[bool] = []
+    stem = network.decoder.conv1  # its input is made channels-last; what it convolves is padded in time
+    convolve = stem._conv_forward
+
+    def recorded(x: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
+        layouts.append(x.is_contiguous(memory_format=CL))
+        return convolve(x, *args)
+
+    stem._conv_forward = recorded  # type: ignore[method-assign]
+    with torch.no_grad():
+        network.decode(torch.randn(1, network.config.z_dim, 3, 2, 2))
+    assert layouts == [True, True, True]  # three chunks: zero frames, then carried ones, in front of each
+
+
+CL = torch.channels_last_3d
+
+
 def test_chunk_sizes_cover_the_clip() -> None:
     assert chunk_sizes(17, 1, 4) == [1, 4, 4, 4, 4]
     assert chunk_sizes(17, 5, 8) == [5, 8, 4]

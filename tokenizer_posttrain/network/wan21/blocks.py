@@ -42,7 +42,7 @@ class CausalConv3d(nn.Conv3d, Streaming):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.time_padding and self.stream is not None:
-            x = torch.cat([self.stream.past(self, x, self.time_padding), x], dim=2)
+            x = self.stream.padded(self, x, self.time_padding)
             self.stream.hand(self, x[:, :, -self.time_padding :])
         elif self.time_padding:
             x = F.pad(x, (0, 0, 0, 0, self.time_padding, 0))
@@ -173,7 +173,7 @@ class Resample(Streaming):
             self.stream.hand(self, x[:, :, -1:])
             if not stream.first:
                 assert x.shape[2] % 2 == 0, "a later chunk has an even number of frames"
-                return self.time_conv(torch.cat([stream.past(self, x, 1), x], dim=2))
+                return self.time_conv(stream.padded(self, x, 1))
         if x.shape[2] == 1:
             return x
         return torch.cat([x[:, :, :1], self.time_conv(x)], dim=2)

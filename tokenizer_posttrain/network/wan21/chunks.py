@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -51,12 +52,15 @@ class Stream:
         that references them, a cycle that keeps a chunk's tensors alive to the end of the backward pass.)"""
         return Stream(self.first, self.carried, hands_on=False)
 
-    def past(self, module: nn.Module, like: Tensor, frames: int) -> Tensor:
-        """``module``'s carried frames, or ``frames`` zero frames shaped like ``like``'s before the first chunk."""
+    def padded(self, module: nn.Module, x: Tensor, frames: int) -> Tensor:
+        """``x`` with its causal past in front: the frames ``module`` carried from the previous chunk, or ``frames``
+        zero frames before the first (padded as the whole-clip pass pads, so a channels-last clip stays so)."""
         carried = self.carried.get(module)
-        if carried is not None:
-            return _CompactGradient.apply(carried) if carried.requires_grad else carried
-        return like.new_zeros(*like.shape[:2], frames, *like.shape[3:])
+        if carried is None:
+            return F.pad(x, (0, 0, 0, 0, frames, 0))
+        if carried.requires_grad:
+            carried = _CompactGradient.apply(carried)
+        return torch.cat([carried, x], dim=2)
 
 
 @contextmanager
