@@ -18,8 +18,54 @@ FAMILY = "wan21"
 T = TypeVar("T")
 
 
+class WanVAEConfig:
+    """What the configs of both Wan VAEs answer alike (a mixin of no fields: each dataclass has its own); a config
+    sets ``spatial_compression``."""
+
+    name: str
+    z_dim: int
+    temporal_downsample: tuple[bool, ...]
+
+    @property
+    def spatial_compression(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def temporal_compression(self) -> int:
+        return 2 ** sum(bool(flag) for flag in self.temporal_downsample)
+
+    @property
+    def full_name(self) -> str:
+        return self.name
+
+    @property
+    def is_discrete(self) -> bool:
+        return False
+
+    @property
+    def latent_dim(self) -> int:
+        return self.z_dim
+
+    def latent_frames(self, frames: int) -> int:
+        """Latent frames of a clip of ``frames`` (1 + kT) frames: the first frame is coded alone."""
+        return 1 + (frames - 1) // self.temporal_compression
+
+    def clip_problems(
+        self, frames: int, height: int, width: int, names: tuple[str, str, str] = ("T", "H", "W")
+    ) -> list[str]:
+        """Why a clip of this size cannot go through the network (empty when it can)."""
+        return clip_rule_problems(self.temporal_compression, self.spatial_compression, frames, height, width, names)
+
+    def check_fields(self, overrides: dict[str, Any], release: str) -> None:
+        """A clear error naming the fields of ``overrides`` that this config does not have."""
+        known = {f.name for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown {release} config field(s) {unknown}; known: {sorted(known)}")
+
+
 @dataclass(frozen=True)
-class Wan21Config:
+class Wan21Config(WanVAEConfig):
     """Hyperparameters of a Wan2.1-style causal video VAE (the official ``WanVAE_`` arguments)."""
 
     name: str = "Wan2.1-VAE"
@@ -55,41 +101,12 @@ class Wan21Config:
             raise ValueError(f"{self.name}: dropout must be in [0, 1), got {self.dropout}")
 
     @property
-    def temporal_compression(self) -> int:
-        return 2 ** sum(bool(flag) for flag in self.temporal_downsample)
-
-    @property
     def spatial_compression(self) -> int:
         return 2 ** (len(self.dim_mult) - 1)
 
-    @property
-    def full_name(self) -> str:
-        return self.name
-
-    @property
-    def is_discrete(self) -> bool:
-        return False
-
-    @property
-    def latent_dim(self) -> int:
-        return self.z_dim
-
-    def latent_frames(self, frames: int) -> int:
-        """Latent frames of a clip of ``frames`` (1 + kT) frames: the first frame is coded alone."""
-        return 1 + (frames - 1) // self.temporal_compression
-
-    def clip_problems(
-        self, frames: int, height: int, width: int, names: tuple[str, str, str] = ("T", "H", "W")
-    ) -> list[str]:
-        """Why a clip of this size cannot go through the network (empty when it can)."""
-        return clip_rule_problems(self.temporal_compression, self.spatial_compression, frames, height, width, names)
-
     def replace(self, **overrides: Any) -> Wan21Config:
         """A copy with some fields changed (e.g. ``channels=8, z_dim=4`` for the tiny test model)."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"unknown Wan2.1 config field(s) {unknown}; known: {sorted(known)}")
+        self.check_fields(overrides, "Wan2.1")
         return dataclasses.replace(self, **tupled(overrides))
 
     def to_dict(self) -> dict[str, Any]:

@@ -100,20 +100,25 @@ class Resample(Wan21Resample):
             self.resample = nn.Sequential(SpatialUpsample(), FrameConv2d(dim, dim, 3, padding=1))
 
 
+def _level_blocks(level: Level, num_res_blocks: int, dropout: float, up: bool) -> nn.Sequential:
+    """A level's residual blocks (the first changes the width), then its resampler where it has one."""
+    blocks: list[nn.Module] = []
+    in_dim = level.in_dim
+    for _ in range(num_res_blocks):
+        blocks.append(ResidualBlock(in_dim, level.out_dim, dropout))
+        in_dim = level.out_dim
+    if level.spatial:
+        blocks.append(Resample(level.out_dim, up=up, temporal=level.temporal))
+    return nn.Sequential(*blocks)
+
+
 class DownLevel(nn.Module):
     """An encoder level: ``downsamples`` (residual blocks, then the resampler where the level has one; the
     official names) plus :class:`AverageDown` of the level's input."""
 
     def __init__(self, level: Level, num_res_blocks: int, dropout: float) -> None:
         super().__init__()
-        blocks: list[nn.Module] = []
-        in_dim = level.in_dim
-        for _ in range(num_res_blocks):
-            blocks.append(ResidualBlock(in_dim, level.out_dim, dropout))
-            in_dim = level.out_dim
-        if level.spatial:
-            blocks.append(Resample(level.out_dim, up=False, temporal=level.temporal))
-        self.downsamples = nn.Sequential(*blocks)
+        self.downsamples = _level_blocks(level, num_res_blocks, dropout, up=False)
         self.shortcut = AverageDown(level)
 
 
@@ -123,12 +128,5 @@ class UpLevel(nn.Module):
 
     def __init__(self, level: Level, num_res_blocks: int, dropout: float) -> None:
         super().__init__()
-        blocks: list[nn.Module] = []
-        in_dim = level.in_dim
-        for _ in range(num_res_blocks):
-            blocks.append(ResidualBlock(in_dim, level.out_dim, dropout))
-            in_dim = level.out_dim
-        if level.spatial:
-            blocks.append(Resample(level.out_dim, up=True, temporal=level.temporal))
-        self.upsamples = nn.Sequential(*blocks)
+        self.upsamples = _level_blocks(level, num_res_blocks, dropout, up=True)
         self.shortcut = DuplicateUp(level) if level.has_shortcut else None

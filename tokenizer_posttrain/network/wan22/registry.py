@@ -10,8 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..family import clip_rule_problems
-from ..wan21.registry import from_record, tupled
+from ..wan21.registry import WanVAEConfig, from_record, tupled
 
 FAMILY = "wan22"
 """The family name a checkpoint's config records (``family.FAMILY_KEY``)."""
@@ -51,7 +50,7 @@ class Level:
 
 
 @dataclass(frozen=True)
-class Wan22Config:
+class Wan22Config(WanVAEConfig):
     """Hyperparameters of a Wan2.2-style causal video VAE (the official ``WanVAE_`` arguments of ``vae2_2.py``)."""
 
     name: str = "Wan2.2-VAE"
@@ -119,49 +118,20 @@ class Wan22Config:
         ]
 
     @property
-    def temporal_compression(self) -> int:
-        return 2 ** sum(bool(flag) for flag in self.temporal_downsample)
-
-    @property
     def spatial_compression(self) -> int:
         return self.patch_size * 2 ** (len(self.dim_mult) - 1)
-
-    @property
-    def full_name(self) -> str:
-        return self.name
-
-    @property
-    def is_discrete(self) -> bool:
-        return False
-
-    @property
-    def latent_dim(self) -> int:
-        return self.z_dim
 
     @property
     def patch_channels(self) -> int:
         """Channels of the patchified video (12 for RGB in 2x2 patches)."""
         return self.in_channels * self.patch_size**2
 
-    def latent_frames(self, frames: int) -> int:
-        """Latent frames of a clip of ``frames`` (1 + kT) frames: the first frame is coded alone."""
-        return 1 + (frames - 1) // self.temporal_compression
-
-    def clip_problems(
-        self, frames: int, height: int, width: int, names: tuple[str, str, str] = ("T", "H", "W")
-    ) -> list[str]:
-        """Why a clip of this size cannot go through the network (empty when it can)."""
-        return clip_rule_problems(self.temporal_compression, self.spatial_compression, frames, height, width, names)
-
     def replace(self, **overrides: Any) -> Wan22Config:
         """A copy with some fields changed (e.g. ``channels=8, dec_channels=12, z_dim=8`` for the tiny model).
 
         ``channels`` alone scales the decoder's width with it (``model.channels`` is the one width setting a run
         has): 160 -> 256 in the release, so ``channels=8`` gives a decoder of width 12."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"unknown Wan2.2 config field(s) {unknown}; known: {sorted(known)}")
+        self.check_fields(overrides, "Wan2.2")
         if "channels" in overrides and "dec_channels" not in overrides:
             released = REGISTRY[self.name] if self.name in REGISTRY else Wan22Config()
             overrides = {
