@@ -14,7 +14,11 @@ from safetensors.torch import load_file, save_file
 
 from tests.conftest import REFERENCE
 from tests.io.test_diffusers_format import diffusers_messages
-from tests.io.test_wan_diffusers import ENVIRONMENT, diffusers_layout, rel, rewrite_config
+from tests.io.test_wan_diffusers import (
+    assert_diffusers_reproduces_the_reference,
+    diffusers_layout,
+    rewrite_config,
+)
 from tokenizer_posttrain.core.errors import CheckpointError, ExportError
 from tokenizer_posttrain.io.diffusers_format import DIFFUSERS_WEIGHTS
 from tokenizer_posttrain.io.wan_diffusers import (
@@ -122,23 +126,7 @@ def test_the_two_variants_name_their_blocks_apart() -> None:
 
 
 def test_the_official_tiny_weights_written_load_in_diffusers_and_reproduce_the_reference(folder: Path) -> None:
-    assert {p.name for p in folder.iterdir()} == {"config.json", DIFFUSERS_WEIGHTS}
-    with diffusers_messages() as messages:
-        vae, info = AutoencoderKLWan.from_pretrained(folder, output_loading_info=True)
-    assert info == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}
-    problems = [m for m in messages if not m.startswith("INFO") and not any(e in m for e in ENVIRONMENT)]
-    assert not problems, problems
-    assert vae.config.latents_mean == MEAN and vae.config.latents_std == STD
-    vae.eval()
-    io = load_file(str(WAN / "wan22_tiny_io.safetensors"))
-    with torch.no_grad():
-        for tag in ("video", "image"):
-            posterior = vae.encode(io[f"{tag}_input"]).latent_dist
-            assert rel(posterior.mean, io[f"{tag}_mu"]) <= 1e-5, tag  # the reference's own tolerance
-            assert rel(posterior.logvar, io[f"{tag}_log_var"]) <= 1e-5, tag
-            # diffusers' decode clamps to [-1, 1] as Wan's Wan2_2_VAE wrapper does; the reference is WanVAE_'s.
-            decoded = vae.decode(io[f"{tag}_mu"]).sample
-            assert rel(decoded, io[f"{tag}_reconstruction"].clamp(-1, 1)) <= 1e-5, tag
+    assert_diffusers_reproduces_the_reference(folder, "wan22_tiny_io.safetensors", MEAN, STD)
 
 
 def test_the_config_builds_the_released_wan22_vae_in_diffusers() -> None:

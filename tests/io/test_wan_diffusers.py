@@ -100,21 +100,27 @@ def test_a_key_no_wan21_vae_has_maps_to_nothing_and_is_named() -> None:
 
 
 def test_the_official_tiny_weights_written_load_in_diffusers_and_reproduce_the_reference(folder: Path) -> None:
+    assert_diffusers_reproduces_the_reference(folder, "wan21_tiny_io.safetensors", MEAN, STD)
+
+
+def assert_diffusers_reproduces_the_reference(folder: Path, io_file: str, mean: list[float], std: list[float]) -> None:
+    """``AutoencoderKLWan.from_pretrained(folder)`` loads every weight, says nothing but INFO, carries ``mean`` and
+    ``std`` and computes the official vectors of ``io_file`` (both Wan variants)."""
     assert {p.name for p in folder.iterdir()} == {"config.json", DIFFUSERS_WEIGHTS}
     with diffusers_messages() as messages:
         vae, info = AutoencoderKLWan.from_pretrained(folder, output_loading_info=True)
     assert info == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}
     problems = [m for m in messages if not m.startswith("INFO") and not any(e in m for e in ENVIRONMENT)]
     assert not problems, problems
-    assert vae.config.latents_mean == MEAN and vae.config.latents_std == STD
+    assert vae.config.latents_mean == mean and vae.config.latents_std == std
     vae.eval()
-    io = load_file(str(WAN / "wan21_tiny_io.safetensors"))
+    io = load_file(str(WAN / io_file))
     with torch.no_grad():
         for tag in ("video", "image"):
             posterior = vae.encode(io[f"{tag}_input"]).latent_dist
             assert rel(posterior.mean, io[f"{tag}_mu"]) <= 1e-5, tag  # the reference's own tolerance
             assert rel(posterior.logvar, io[f"{tag}_log_var"]) <= 1e-5, tag
-            # diffusers' decode clamps to [-1, 1] as Wan's WanVAE wrapper does; the reference is WanVAE_'s, unclamped.
+            # diffusers' decode clamps to [-1, 1] as Wan's wrappers do; the reference is WanVAE_'s, unclamped.
             decoded = vae.decode(io[f"{tag}_mu"]).sample
             assert rel(decoded, io[f"{tag}_reconstruction"].clamp(-1, 1)) <= 1e-5, tag
 
